@@ -1,0 +1,138 @@
+"""The model registry step: log the trained model to the run, add a version, move aliases.
+
+Idempotent per DAG run (a retried task reuses the logged model and the version it finds by run
+id) and all-or-nothing: if anything fails after a version was created, the version is deleted and
+the aliases are put back where they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tasks import tracking
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RegistrationResult:
+    registered_model: str
+    version: str
+    model_uri: str
+    aliases: list[str]
+    promoted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_version_of_run(mlflow_client: Any, model_name: str, run_id: str) -> Any | None:
+    versions = mlflow_client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    return versions[0] if versions else None
+
+
+def log_model(run_id: str, model_path: str, input_example: Any) -> str:
+    """Log the Keras model (mlflow.keras flavor, signature, input example) once per run."""
+    import keras
+    import mlflow
+    import tensorflow as tf
+    from mlflow.models import infer_signature
+
+    mlflow_client = tracking.client()
+    existing = mlflow_client.get_run(run_id).data.tags.get(tracking.MODEL_URI_TAG)
+    if existing:
+        logger.info("model already logged for run %s: %s", run_id, existing)
+        return str(existing)
+    model = keras.models.load_model(model_path)
+    signature = infer_signature(input_example, model.predict(input_example, verbose=0))
+    requirements = [
+        f"tensorflow-cpu=={tf.__version__}",
+        f"keras=={keras.__version__}",
+        f"mlflow=={mlflow.__version__}",
+    ]
+    # An explicit `pip_requirements` skips MLflow's 15-30 s requirement inference.
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.keras.log_model(
+            model,
+            name="model",
+            signature=signature,
+            input_example=input_example,
+            pip_requirements=requirements,
+        )
+    mlflow_client.update_run(run_id, status="RUNNING")  # the run ends with the DAG run, not here
+    mlflow_client.set_tag(run_id, tracking.MODEL_URI_TAG, info.model_uri)
+    return str(info.model_uri)
+
+
+def register(
+    model_name: str,
+    run_id: str,
+    model_uri: str,
+    promote: bool,
+    tags: dict[str, str],
+) -> RegistrationResult:
+    """Add (or find) this run's version of `model_name`; alias it challenger, champion if `promote`.
+
+    Raises:
+        Exception: whatever failed; a version created by this call is deleted first and the
+            aliases restored.
+    """
+    import mlflow
+
+    mlflow_client = tracking.client()
+    previous_aliases = _alias_targets(mlflow_client, model_name)
+    version = find_version_of_run(mlflow_client, model_name, run_id)
+    created = version is None
+    if created:
+        version = mlflow.register_model(model_uri, model_name, tags=tags)
+        logger.info("registered %s version %s", model_name, version.version)
+    try:
+        mlflow_client.set_registered_model_alias(model_name, tracking.CHALLENGER, version.version)
+        if promote:
+            mlflow_client.set_registered_model_alias(model_name, tracking.CHAMPION, version.version)
+        mlflow_client.set_tag(run_id, tracking.VERSION_TAG, version.version)
+    except Exception:
+        if created:
+            _roll_back(mlflow_client, model_name, version.version, previous_aliases)
+        raise
+    aliases = mlflow_client.get_model_version(model_name, version.version).aliases
+    return RegistrationResult(
+        registered_model=model_name,
+        version=str(version.version),
+        model_uri=model_uri,
+        aliases=sorted(aliases),
+        promoted=promote,
+    )
+
+
+def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:
+    """Remove every version a (failed) run registered; returns the deleted version numbers."""
+    mlflow_client = tracking.client()
+    try:
+        versions = mlflow_client.search_model_versions(
+            f"name = '{model_name}' and run_id = '{run_id}'"
+        )
+    except Exception:
+        return []
+    for version in versions:
+        mlflow_client.delete_model_version(model_name, version.version)
+        logger.info("deleted %s version %s of failed run %s", model_name, version.version, run_id)
+    return [str(version.version) for version in versions]
+
+
+def _alias_targets(mlflow_client: Any, model_name: str) -> dict[str, str]:
+    try:
+        return dict(mlflow_client.get_registered_model(model_name).aliases)
+    except Exception:  # the model does not exist yet
+        return {}
+
+
+def _roll_back(
+    mlflow_client: Any, model_name: str, version: str, previous_aliases: dict[str, str]
+) -> None:
+    logger.warning("rolling back %s version %s", model_name, version)
+    mlflow_client.delete_model_version(model_name, version)
+    for alias, target in previous_aliases.items():
+        mlflow_client.set_registered_model_alias(model_name, alias, target)

@@ -1,0 +1,219 @@
+"""The four pipeline steps as plain functions: what each Airflow task body calls.
+
+Every step takes the pipeline name, the DAG run's Params (the run's overrides of the spec's
+training defaults), an `AirflowRun` identifying the DAG run, and the small dicts returned by the
+upstream steps. It returns a small JSON-able dict (it travels through XCom). Heavy imports happen
+inside, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from pipelines import settings
+from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_training
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AirflowRun:
+    """Which DAG run a step belongs to (from the Airflow context, or made up by a test)."""
+
+    dag_id: str
+    run_id: str
+    try_number: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
+    """The pipeline spec with the run's Params applied to its training defaults, validated.
+
+    Raises:
+        SpecError: an unknown Param or an invalid value or combination (named in the message).
+    """
+    spec = load_spec(pipeline)
+    allowed = {f.name for f in fields(TrainingConfig)}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise SpecError(
+            f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
+        )
+    return replace(spec, training=override_training(spec.training, dict(params)))
+
+
+def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str, Any]:
+    """Validate the run's config, build or load the dataset and open the run's MLflow run.
+
+    Returns:
+        The dataset reference (`tasks.datasets.DatasetRef` as a dict) plus `mlflow_run_id`.
+    """
+    from tasks import datasets, tracking
+
+    spec = resolve_config(pipeline, params)
+    reference = datasets.prepare_dataset(spec.dataset).to_dict()
+    mlflow_run_id = tracking.start_or_resume_run(
+        spec, run.dag_id, run.run_id, run.try_number, reference
+    )
+    return {**reference, "mlflow_run_id": mlflow_run_id}
+
+
+def train(
+    pipeline: str, params: dict[str, Any], run: AirflowRun, dataset: dict[str, Any]
+) -> dict[str, Any]:
+    """Train in a child process under the chosen strategy, resuming from this DAG run's checkpoints.
+
+    Returns:
+        The MLflow run id, the saved model's path and the shape of the strategy that ran.
+    """
+    from tasks import launcher, tracking
+
+    spec = resolve_config(pipeline, params)
+    mlflow_run_id = tracking.start_or_resume_run(
+        spec, run.dag_id, run.run_id, run.try_number, dataset
+    )
+    payload = {
+        "pipeline": pipeline,
+        "config": _spec_as_dict(spec),
+        "dataset": _dataset_reference(dataset),
+        "run_dir": str(settings.run_dir(run.dag_id, run.run_id)),
+        "tracking_uri": settings.tracking_uri(),
+        "mlflow_run_id": mlflow_run_id,
+    }
+    result = launcher.run_python_module("tasks.training_worker", payload, name="training process")
+    tracking.set_tags(
+        mlflow_run_id,
+        {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},
+    )
+    timings = {"train_seconds": result["train_seconds"]}
+    if result["seconds_to_first_step"] is not None:
+        timings["seconds_to_first_step"] = result["seconds_to_first_step"]
+    tracking.log_metrics(mlflow_run_id, timings)
+    final = result["history"][-1] if result["history"] else {}
+    return {
+        "mlflow_run_id": mlflow_run_id,
+        "model_path": result["model_path"],
+        "num_replicas": result["num_replicas"],
+        "num_workers": result["num_workers"],
+        "epochs": result["epochs"],
+        "resumed_from_epoch": result["resumed_from_epoch"],
+        "final_epoch": final,
+    }
+
+
+def evaluate(
+    pipeline: str,
+    params: dict[str, Any],
+    run: AirflowRun,
+    dataset: dict[str, Any],
+    training: dict[str, Any],
+) -> dict[str, Any]:
+    """Score the model on the test split and decide the gate against the current champion."""
+    from tasks import datasets, evaluation, tracking
+
+    spec = resolve_config(pipeline, params)
+    images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
+    result = evaluation.evaluate_model(training["model_path"], images, labels)
+    decision = evaluation.decide_gate(
+        result.test_accuracy, spec.evaluation, tracking.champion(spec.registered_model)
+    )
+    mlflow_run_id = training["mlflow_run_id"]
+    tracking.log_metrics(mlflow_run_id, result.metrics())
+    tracking.client().log_dict(
+        mlflow_run_id,
+        {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
+        "evaluation/test_metrics.json",
+    )
+    tracking.set_tags(
+        mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
+    )
+    logger.info(
+        "test_accuracy %.4f, test_loss %.4f; gate %s: %s",
+        result.test_accuracy,
+        result.test_loss,
+        "passed" if decision.passed else "failed",
+        "; ".join(decision.reasons),
+    )
+    return {
+        "mlflow_run_id": mlflow_run_id,
+        "test_loss": result.test_loss,
+        "test_accuracy": result.test_accuracy,
+        "gate": decision.to_dict(),
+    }
+
+
+def log_and_register(
+    pipeline: str,
+    params: dict[str, Any],
+    run: AirflowRun,
+    dataset: dict[str, Any],
+    training: dict[str, Any],
+    evaluation: dict[str, Any],
+) -> dict[str, Any]:
+    """Log the model to MLflow, register a version (alias challenger), promote if the gate passed.
+
+    `champion` moves only when the gate passed and the run's `promote` Param is true.
+    """
+    from tasks import datasets, registry, tracking
+
+    spec = resolve_config(pipeline, params)
+    mlflow_run_id = training["mlflow_run_id"]
+    images, _ = datasets.load_arrays(_dataset_reference(dataset), "test")
+    model_uri = registry.log_model(mlflow_run_id, training["model_path"], images[:2])
+    promote = bool(spec.training.promote and evaluation["gate"]["passed"])
+    result = registry.register(
+        spec.registered_model,
+        mlflow_run_id,
+        model_uri,
+        promote=promote,
+        tags={
+            "airflow.dag_id": run.dag_id,
+            "airflow.run_id": run.run_id,
+            "strategy": spec.training.strategy,
+            "test_accuracy": f"{evaluation['test_accuracy']:.4f}",
+        },
+    )
+    tracking.finish_run(mlflow_run_id)
+    # The run succeeded: its checkpoints were only there to resume a retry.
+    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id) / "checkpoints", ignore_errors=True)
+    logger.info(
+        "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
+    )
+    return {**result.to_dict(), "mlflow_run_id": mlflow_run_id}
+
+
+def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
+    """After a task failed for good: mark the MLflow run failed, remove its versions and checkpoints.
+
+    Best effort: it runs in a failure callback, so it logs what it cannot undo instead of raising.
+    """
+    from tasks import registry, tracking
+
+    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    try:
+        spec = load_spec(pipeline)
+        mlflow_client = tracking.client()
+        mlflow_run = tracking.find_run(mlflow_client, pipeline, run.dag_id, run.run_id)
+        if mlflow_run is None:
+            return
+        registry.delete_versions_of_run(spec.registered_model, mlflow_run.info.run_id)
+        tracking.finish_run(mlflow_run.info.run_id, status="FAILED")
+    except Exception:
+        logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
+
+
+def _spec_as_dict(spec: PipelineSpec) -> dict[str, Any]:
+    data = asdict(spec)
+    del data["name"]
+    return data
+
+
+def _dataset_reference(upstream: dict[str, Any]) -> Any:
+    from tasks.datasets import DatasetRef
+
+    return DatasetRef.from_dict({k: v for k, v in upstream.items() if k != "mlflow_run_id"})

@@ -1,0 +1,327 @@
+"""Training under a `tf.distribute` strategy: the custom loop (default) and Keras `fit`.
+
+Both loops see the same data in the same order (the training split is reshuffled each epoch with
+`seed + epoch`), checkpoint after every epoch with `tf.train.CheckpointManager`, and resume at
+the first epoch not yet saved. What happens at the end of an epoch beyond the checkpoint (e.g.
+logging to MLflow) is the caller's `on_epoch_end`, so this module knows nothing of MLflow.
+
+Run it in the process that owns TensorFlow's devices: `tasks.training_worker` is that process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from pipelines.spec import PipelineSpec
+from tasks.datasets import DatasetRef, load_split
+from tasks.models import build_model
+from tasks.strategies import make_strategy
+
+logger = logging.getLogger(__name__)
+
+EVAL_BATCH_SIZE = 256
+
+
+@dataclass
+class EpochMetrics:
+    """What one epoch produced; `epoch` counts from 1 (it is the MLflow step)."""
+
+    epoch: int
+    loss: float
+    accuracy: float
+    val_loss: float
+    val_accuracy: float
+    examples_per_second: float
+    seconds: float
+
+
+@dataclass
+class TrainingResult:
+    """The small summary a training process hands back to the task."""
+
+    model_path: str
+    strategy: str
+    loop: str
+    num_replicas: int
+    num_workers: int
+    global_batch_size: int
+    epochs: int
+    resumed_from_epoch: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds_to_first_step: float | None = None
+    train_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+EpochCallback = Callable[[EpochMetrics], None]
+
+
+def train(
+    spec: PipelineSpec,
+    dataset: DatasetRef,
+    run_dir: Path,
+    on_epoch_end: EpochCallback | None = None,
+) -> TrainingResult:
+    """Train `spec.model` on `dataset` under `spec.training`, resuming from `run_dir` checkpoints.
+
+    Args:
+        spec: the resolved pipeline config (training overrides already applied).
+        dataset: the prepared dataset.
+        run_dir: the run-scoped folder: `checkpoints/`, `history.json`, `model.keras`.
+        on_epoch_end: called after each epoch's checkpoint is saved.
+
+    Returns:
+        Where the model was saved, the per-epoch history and the strategy's shape.
+    """
+    training = spec.training
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tf.keras.utils.set_random_seed(training.seed)
+    strategy = make_strategy(training)
+    replicas = strategy.num_replicas_in_sync
+    if training.batch_size % replicas:
+        raise ValueError(
+            f"batch_size {training.batch_size} must be divisible by the {replicas} replicas"
+        )
+
+    with strategy.scope():
+        model = build_model(
+            spec.model.builder,
+            dataset.image_shape,
+            dataset.num_classes,
+            spec.model.hyperparameters,
+        )
+        optimizer = tf.keras.optimizers.Adam(training.learning_rate)
+        optimizer.build(model.trainable_variables)
+        if training.loop == "fit":
+            model.compile(
+                optimizer=optimizer,
+                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            )
+
+    store = _CheckpointStore(run_dir, model, optimizer)
+    start_epoch = store.restore()
+    train_examples = load_split(dataset, "train").cache()
+    steps_per_epoch = dataset.split_sizes["train"] // training.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(
+            f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
+            "training examples"
+        )
+    validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
+    run_epoch = (
+        _FitEpoch(model) if training.loop == "fit" else _CustomLoopEpoch(strategy, model, optimizer, training.batch_size)
+    )
+    evaluate = _make_evaluator(model)
+
+    result = TrainingResult(
+        model_path=str(run_dir / "model.keras"),
+        strategy=training.strategy,
+        loop=training.loop,
+        num_replicas=replicas,
+        num_workers=1,
+        global_batch_size=training.batch_size,
+        epochs=training.epochs,
+        resumed_from_epoch=start_epoch,
+        history=list(store.history),
+    )
+    if start_epoch:
+        logger.info("resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory)
+    process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
+    train_start = time.perf_counter()
+    for epoch in range(start_epoch + 1, training.epochs + 1):
+        batches = (
+            train_examples.shuffle(
+                dataset.split_sizes["train"], seed=training.seed + epoch, reshuffle_each_iteration=False
+            )
+            .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
+            .prefetch(tf.data.AUTOTUNE)
+        )
+        epoch_start = time.perf_counter()
+        loss, accuracy = run_epoch(batches, first_step_done=lambda: _note_first_step(result, process_start))
+        seconds = time.perf_counter() - epoch_start
+        val_loss, val_accuracy = evaluate(validation)
+        metrics = EpochMetrics(
+            epoch=epoch,
+            loss=loss,
+            accuracy=accuracy,
+            val_loss=val_loss,
+            val_accuracy=val_accuracy,
+            examples_per_second=steps_per_epoch * training.batch_size / seconds,
+            seconds=seconds,
+        )
+        store.save(epoch, metrics)
+        result.history.append(asdict(metrics))
+        _log_progress(metrics, training.epochs, time.perf_counter() - train_start, epoch - start_epoch)
+        if on_epoch_end:
+            on_epoch_end(metrics)
+    result.train_seconds = time.perf_counter() - train_start
+
+    model.save(result.model_path)
+    return result
+
+
+def _note_first_step(result: TrainingResult, process_start: float) -> None:
+    if result.seconds_to_first_step is None:
+        result.seconds_to_first_step = time.time() - process_start
+
+
+def _log_progress(metrics: EpochMetrics, epochs: int, elapsed: float, epochs_done: int) -> None:
+    eta = elapsed / epochs_done * (epochs - metrics.epoch)
+    logger.info(
+        "epoch %d/%d  loss %.4f  accuracy %.4f  val_loss %.4f  val_accuracy %.4f  "
+        "%.0f examples/s  ETA %.0f s",
+        metrics.epoch,
+        epochs,
+        metrics.loss,
+        metrics.accuracy,
+        metrics.val_loss,
+        metrics.val_accuracy,
+        metrics.examples_per_second,
+        eta,
+    )
+
+
+class _CustomLoopEpoch:
+    """One epoch of the custom loop: `strategy.run` per step, losses scaled by the global batch."""
+
+    def __init__(self, strategy: Any, model: Any, optimizer: Any, global_batch_size: int):
+        self.strategy = strategy
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="none"
+        )
+
+        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                per_example_loss = loss_fn(labels, logits)
+                loss = tf.nn.compute_average_loss(
+                    per_example_loss, global_batch_size=global_batch_size
+                )
+                if model.losses:
+                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            gradients = tape.gradient(loss, model.trainable_variables)
+            # The Keras 3 optimizer all-reduces the gradients across replicas itself.
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            correct = tf.reduce_sum(
+                tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
+            )
+            return loss, correct
+
+        @tf.function
+        def train_step(batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
+            per_replica_loss, per_replica_correct = strategy.run(step_fn, args=batch)
+            return (
+                strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None),
+                strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_correct, axis=None),
+            )
+
+        self.train_step = train_step
+        self.global_batch_size = global_batch_size
+
+    def __call__(self, batches: tf.data.Dataset, first_step_done: Callable[[], None]) -> tuple[float, float]:
+        total_loss = total_correct = 0.0
+        steps = 0
+        for batch in self.strategy.experimental_distribute_dataset(batches):
+            loss, correct = self.train_step(batch)
+            if not steps:
+                first_step_done()
+            total_loss += float(loss)
+            total_correct += float(correct)
+            steps += 1
+        return total_loss / steps, total_correct / (steps * self.global_batch_size)
+
+
+class _FitEpoch:
+    """One epoch of Keras `fit` on the same batches the custom loop would see."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def __call__(self, batches: tf.data.Dataset, first_step_done: Callable[[], None]) -> tuple[float, float]:
+        class FirstStep(tf.keras.callbacks.Callback):
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                if batch == 0:
+                    first_step_done()
+
+        history = self.model.fit(batches, epochs=1, verbose=0, callbacks=[FirstStep()])
+        return float(history.history["loss"][-1]), float(history.history["accuracy"][-1])
+
+
+def _make_evaluator(model: Any) -> Callable[[tf.data.Dataset], tuple[float, float]]:
+    """Mean loss and accuracy over a batched split: a plain forward pass, on every strategy."""
+
+    @tf.function
+    def batch_totals(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        logits = model(images, training=False)
+        losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
+        return tf.reduce_sum(losses), tf.reduce_sum(correct)
+
+    def evaluate(batches: tf.data.Dataset) -> tuple[float, float]:
+        total_loss = total_correct = 0.0
+        count = 0
+        for images, labels in batches:
+            loss, correct = batch_totals(images, labels)
+            total_loss += float(loss)
+            total_correct += float(correct)
+            count += int(labels.shape[0])
+        return total_loss / count, total_correct / count
+
+    return evaluate
+
+
+class _CheckpointStore:
+    """Per-epoch checkpoints plus the metrics of the epochs they cover, in the run folder."""
+
+    def __init__(self, run_dir: Path, model: Any, optimizer: Any):
+        self.directory = run_dir / "checkpoints"
+        self.history_path = run_dir / "history.json"
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=2)
+        self.history: list[dict[str, float]] = []
+
+    def restore(self) -> int:
+        """Restore the latest checkpoint, if any; returns the number of completed epochs."""
+        latest = self.manager.latest_checkpoint
+        if not latest:
+            return 0
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        self.history = read_history(self.history_path.parent)
+        return int(self.epoch.numpy())
+
+    def save(self, epoch: int, metrics: EpochMetrics) -> None:
+        # History first: `restore` drops entries past the last checkpoint, so a crash between the
+        # two writes redoes the epoch instead of resuming without its metrics.
+        self.history.append(asdict(metrics))
+        temporary = self.history_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.history, indent=1))
+        os.replace(temporary, self.history_path)
+        self.epoch.assign(epoch)
+        self.manager.save(checkpoint_number=epoch)
+
+
+def read_history(run_dir: Path) -> list[dict[str, float]]:
+    """The per-epoch metrics of the epochs `run_dir`'s latest checkpoint covers (empty if none)."""
+    completed = _checkpointed_epochs(run_dir / "checkpoints")
+    path = run_dir / "history.json"
+    saved = json.loads(path.read_text()) if path.exists() else []
+    return [entry for entry in saved if entry["epoch"] <= completed]
+
+
+def _checkpointed_epochs(directory: Path) -> int:
+    """The epoch number of the latest checkpoint (they are saved as `ckpt-<epoch>`), or 0."""
+    latest = tf.train.latest_checkpoint(str(directory))
+    return int(latest.rsplit("-", 1)[1]) if latest else 0

@@ -1,0 +1,46 @@
+"""Entry point of a training process: `python -m tasks.training_worker PAYLOAD RESULT`.
+
+Started by `tasks.launcher`; the payload carries the resolved config, the dataset reference, the
+run folder and the MLflow run to stream per-epoch metrics into. Devices are configured before
+TensorFlow runs any op.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+def main(payload_path: str, result_path: str) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    payload = json.loads(Path(payload_path).read_text())
+
+    from pipelines.spec import parse_spec
+    from tasks.strategies import configure_host_devices, required_logical_cpus
+
+    spec = parse_spec(payload["pipeline"], payload["config"])
+    configure_host_devices(required_logical_cpus(spec.training))
+
+    from tasks import tracking, training
+    from tasks.datasets import DatasetRef
+
+    run_dir = Path(payload["run_dir"])
+    epoch_logger = tracking.EpochLogger(payload["tracking_uri"], payload["mlflow_run_id"])
+    # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
+    epoch_logger.log_missing(training.read_history(run_dir))
+    result = training.train(
+        spec, DatasetRef.from_dict(payload["dataset"]), run_dir, on_epoch_end=epoch_logger
+    )
+    Path(result_path).write_text(json.dumps(result.to_dict()))
+
+
+if __name__ == "__main__":
+    try:
+        main(*sys.argv[1:3])
+    except Exception as error:
+        # A Python-level failure: hand the message to the launcher, which raises it in the task.
+        logging.getLogger(__name__).exception("training failed")
+        Path(sys.argv[2]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        sys.exit(2)

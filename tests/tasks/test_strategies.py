@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipelines.options import STRATEGIES
+from pipelines.spec import TrainingConfig
+
+
+def test_factory_and_options_list_the_same_strategies():
+    from tasks import strategies
+
+    assert set(strategies._BUILDERS) == set(STRATEGIES)
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "expected_type", "expected_replicas"),
+    [
+        ("one_device", 2, "OneDeviceStrategy", 1),
+        ("auto", 2, "OneDeviceStrategy", 1),  # no GPU here: auto falls back to one device
+        ("mirrored", 2, "MirroredStrategy", 2),
+        ("mirrored", 1, "MirroredStrategy", 1),
+    ],
+)
+def test_make_strategy(tf_runtime, name, replicas, expected_type, expected_replicas):
+    from tasks.strategies import make_strategy
+
+    strategy = make_strategy(TrainingConfig(strategy=name, replicas=replicas))
+    assert type(strategy).__name__ == expected_type
+    assert strategy.num_replicas_in_sync == expected_replicas
+
+
+def test_mirrored_with_more_replicas_than_logical_cpus_is_refused(tf_runtime):
+    from tasks.strategies import StrategyUnavailableError, make_strategy
+
+    with pytest.raises(StrategyUnavailableError, match="replicas=4 needs 4 logical CPUs"):
+        make_strategy(TrainingConfig(strategy="mirrored", replicas=4))
+
+
+def test_unknown_strategy_names_the_allowed_ones(tf_runtime):
+    from tasks.strategies import make_strategy
+
+    bogus = dataclasses.replace(TrainingConfig(), strategy="bogus")
+    with pytest.raises(ValueError, match="allowed: auto, one_device, mirrored"):
+        make_strategy(bogus)
+
+
+def test_required_logical_cpus():
+    from tasks.strategies import required_logical_cpus
+
+    assert required_logical_cpus(TrainingConfig(strategy="mirrored", replicas=4)) == 4
+    assert required_logical_cpus(TrainingConfig(strategy="one_device", replicas=4)) == 1
