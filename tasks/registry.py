@@ -8,6 +8,8 @@ the aliases are put back where they were.
 from __future__ import annotations
 
 import logging
+import os
+import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,9 +56,11 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
     ]
     # An explicit `pip_requirements` skips MLflow's 15-30 s requirement inference.
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.keras.log_model(
-            model,
+        info = mlflow.models.Model.log(
+            artifact_path=None,
             name="model",
+            flavor=_keras_flavor(),
+            model=model,
             signature=signature,
             input_example=input_example,
             pip_requirements=requirements,
@@ -64,6 +68,22 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
     mlflow_client.update_run(run_id, status="RUNNING")  # the run ends with the DAG run, not here
     mlflow_client.set_tag(run_id, tracking.MODEL_URI_TAG, info.model_uri)
     return str(info.model_uri)
+
+
+def _keras_flavor() -> Any:
+    """`mlflow.keras`, with the model folder created before the input example is written to it.
+
+    MLflow 3.17's keras `save_model` writes `input_example.json` before it creates the folder, so
+    `mlflow.keras.log_model(..., input_example=...)` fails with FileNotFoundError. The model is
+    still saved by `mlflow.keras.save_model` and carries the `keras` flavor.
+    """
+    import mlflow.keras
+
+    def save_model(path: str, **kwargs: Any) -> None:
+        os.makedirs(path, exist_ok=True)
+        mlflow.keras.save_model(path=path, **kwargs)
+
+    return types.SimpleNamespace(__name__="mlflow.keras", save_model=save_model)
 
 
 def register(
@@ -82,7 +102,7 @@ def register(
     import mlflow
 
     mlflow_client = tracking.client()
-    previous_aliases = _alias_targets(mlflow_client, model_name)
+    previous_aliases = alias_targets(mlflow_client, model_name)
     version = find_version_of_run(mlflow_client, model_name, run_id)
     created = version is None
     if created:
@@ -122,11 +142,13 @@ def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:
     return [str(version.version) for version in versions]
 
 
-def _alias_targets(mlflow_client: Any, model_name: str) -> dict[str, str]:
+def alias_targets(mlflow_client: Any, model_name: str) -> dict[str, str]:
+    """Alias → version number (as a string) of a registered model; empty if it does not exist."""
     try:
-        return dict(mlflow_client.get_registered_model(model_name).aliases)
+        aliases = mlflow_client.get_registered_model(model_name).aliases
     except Exception:  # the model does not exist yet
         return {}
+    return {alias: str(version) for alias, version in aliases.items()}
 
 
 def _roll_back(
