@@ -80,7 +80,7 @@ def train(
     payload = {
         "pipeline": pipeline,
         "config": _spec_as_dict(spec),
-        "dataset": _dataset_reference(dataset),
+        "dataset": _dataset_reference(dataset).to_dict(),
         "run_dir": str(settings.run_dir(run.dag_id, run.run_id)),
         "tracking_uri": settings.tracking_uri(),
         "mlflow_run_id": mlflow_run_id,
