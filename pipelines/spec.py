@@ -177,7 +177,9 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
         if getattr(training, key) < 1:
             raise SpecError(f"{where}.{key} must be >= 1, got {getattr(training, key)}")
     if not 0 < training.learning_rate <= 1:
-        raise SpecError(f"{where}.learning_rate must be within (0, 1], got {training.learning_rate}")
+        raise SpecError(
+            f"{where}.learning_rate must be within (0, 1], got {training.learning_rate}"
+        )
     if training.strategy == "mirrored" and training.batch_size % training.replicas:
         raise SpecError(
             f"{where}.batch_size {training.batch_size} must be divisible by replicas "
@@ -220,7 +222,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):

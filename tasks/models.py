@@ -66,7 +66,9 @@ def build_model(
             f"model.builder {builder!r} is unknown; allowed: {', '.join(sorted(MODEL_BUILDERS))}"
         )
     function = MODEL_BUILDERS[builder]
-    allowed = [p for p in inspect.signature(function).parameters if p not in ("input_shape", "num_classes")]
+    allowed = [
+        p for p in inspect.signature(function).parameters if p not in ("input_shape", "num_classes")
+    ]
     unknown = sorted(set(hyperparameters) - set(allowed))
     if unknown:
         raise ValueError(

@@ -103,10 +103,10 @@ def register(
 
     mlflow_client = tracking.client()
     previous_aliases = alias_targets(mlflow_client, model_name)
-    version = find_version_of_run(mlflow_client, model_name, run_id)
-    created = version is None
+    existing = find_version_of_run(mlflow_client, model_name, run_id)
+    created = existing is None
+    version = existing or mlflow.register_model(model_uri, model_name, tags=tags)
     if created:
-        version = mlflow.register_model(model_uri, model_name, tags=tags)
         logger.info("registered %s version %s", model_name, version.version)
     try:
         mlflow_client.set_registered_model_alias(model_name, tracking.CHALLENGER, version.version)

@@ -1,4 +1,4 @@
-"""Read-only views of a pipeline's MLflow runs: the summary `make run` prints, `stratoflow compare`."""
+"""Read-only views of a pipeline's MLflow runs: `make run`'s summary and `stratoflow compare`."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def describe_dag_run(pipeline: str, dag_id: str, run_id: str | None = None) -> d
         runs = _search(mlflow_client, pipeline, f"tags.`airflow.dag_id` = '{dag_id}'", 1)
         run = runs[0] if runs else None
     if run is None:
-        raise LookupError(f"no MLflow run of {dag_id} {run_id or '(latest)'} in {settings.tracking_uri()}")
+        raise LookupError(
+            f"no MLflow run of {dag_id} {run_id or '(latest)'} in {settings.tracking_uri()}"
+        )
     spec_model = tracking.registered_model_name(pipeline)
     version = run.data.tags.get(tracking.VERSION_TAG)
     aliases: list[str] = []
@@ -36,7 +38,9 @@ def describe_dag_run(pipeline: str, dag_id: str, run_id: str | None = None) -> d
     return {
         "mlflow_run_id": run.info.run_id,
         "status": run.info.status,
-        "test_metrics": {k: v for k, v in sorted(run.data.metrics.items()) if k in ("test_accuracy", "test_loss")},
+        "test_metrics": {
+            k: v for k, v in sorted(run.data.metrics.items()) if k in ("test_accuracy", "test_loss")
+        },
         "registered_model": spec_model,
         "version": version,
         "aliases": aliases,

@@ -188,7 +188,7 @@ def log_and_register(
 
 
 def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
-    """After a task failed for good: mark the MLflow run failed, remove its versions and checkpoints.
+    """After a task failed for good: mark its MLflow run failed, remove versions and checkpoints.
 
     Best effort: it runs in a failure callback, so it logs what it cannot undo instead of raising.
     """

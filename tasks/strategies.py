@@ -1,4 +1,4 @@
-"""Strategy factory: a strategy name from `pipelines.options.STRATEGIES` → a `tf.distribute` strategy.
+"""Strategy factory: a name from `pipelines.options.STRATEGIES` → a `tf.distribute` strategy.
 
 Device setup must happen before TensorFlow runs its first op, so a training process calls
 `configure_host_devices(required_logical_cpus(config))` first and `make_strategy(config)` second.

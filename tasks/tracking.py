@@ -156,12 +156,14 @@ def _log_dataset_input(mlflow_client: Any, run_id: str, dataset: dict[str, Any])
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
     source = resolve_dataset_source(str(dataset["data_dir"]))
-    meta = MetaDataset(
+    meta = MetaDataset(  # type: ignore[abstract]  # MLflow leaves `profile` abstract
         source,
         name=f"{dataset['name']}:{dataset['version']}",
         digest=str(dataset["fingerprint"])[:36],
     )
-    inputs = [DatasetInput(meta._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, "training")])]
+    inputs = [
+        DatasetInput(meta._to_mlflow_entity(), [InputTag(MLFLOW_DATASET_CONTEXT, "training")])
+    ]
     mlflow_client.log_inputs(run_id, datasets=inputs)
 
 

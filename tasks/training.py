@@ -121,7 +121,9 @@ def train(
         )
     validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
     run_epoch = (
-        _FitEpoch(model) if training.loop == "fit" else _CustomLoopEpoch(strategy, model, optimizer, training.batch_size)
+        _FitEpoch(model)
+        if training.loop == "fit"
+        else _CustomLoopEpoch(strategy, model, optimizer, training.batch_size)
     )
     evaluate = _make_evaluator(model)
 
@@ -137,19 +139,25 @@ def train(
         history=list(store.history),
     )
     if start_epoch:
-        logger.info("resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory)
+        logger.info(
+            "resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory
+        )
     process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
     train_start = time.perf_counter()
     for epoch in range(start_epoch + 1, training.epochs + 1):
         batches = (
             train_examples.shuffle(
-                dataset.split_sizes["train"], seed=training.seed + epoch, reshuffle_each_iteration=False
+                dataset.split_sizes["train"],
+                seed=training.seed + epoch,
+                reshuffle_each_iteration=False,
             )
             .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
             .prefetch(tf.data.AUTOTUNE)
         )
         epoch_start = time.perf_counter()
-        loss, accuracy = run_epoch(batches, first_step_done=lambda: _note_first_step(result, process_start))
+        loss, accuracy = run_epoch(
+            batches, first_step_done=lambda: _note_first_step(result, process_start)
+        )
         seconds = time.perf_counter() - epoch_start
         val_loss, val_accuracy = evaluate(validation)
         metrics = EpochMetrics(
@@ -163,7 +171,9 @@ def train(
         )
         store.save(epoch, metrics)
         result.history.append(asdict(metrics))
-        _log_progress(metrics, training.epochs, time.perf_counter() - train_start, epoch - start_epoch)
+        _log_progress(
+            metrics, training.epochs, time.perf_counter() - train_start, epoch - start_epoch
+        )
         if on_epoch_end:
             on_epoch_end(metrics)
     result.train_seconds = time.perf_counter() - train_start
@@ -198,9 +208,7 @@ class _CustomLoopEpoch:
 
     def __init__(self, strategy: Any, model: Any, optimizer: Any, global_batch_size: int):
         self.strategy = strategy
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="none"
-        )
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
         def step_fn(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             with tf.GradientTape() as tape:
@@ -213,7 +221,7 @@ class _CustomLoopEpoch:
                     loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
             gradients = tape.gradient(loss, model.trainable_variables)
             # The Keras 3 optimizer all-reduces the gradients across replicas itself.
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
             correct = tf.reduce_sum(
                 tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
             )
@@ -230,7 +238,9 @@ class _CustomLoopEpoch:
         self.train_step = train_step
         self.global_batch_size = global_batch_size
 
-    def __call__(self, batches: tf.data.Dataset, first_step_done: Callable[[], None]) -> tuple[float, float]:
+    def __call__(
+        self, batches: tf.data.Dataset, first_step_done: Callable[[], None]
+    ) -> tuple[float, float]:
         total_loss = total_correct = 0.0
         steps = 0
         for batch in self.strategy.experimental_distribute_dataset(batches):
@@ -249,7 +259,9 @@ class _FitEpoch:
     def __init__(self, model: Any):
         self.model = model
 
-    def __call__(self, batches: tf.data.Dataset, first_step_done: Callable[[], None]) -> tuple[float, float]:
+    def __call__(
+        self, batches: tf.data.Dataset, first_step_done: Callable[[], None]
+    ) -> tuple[float, float]:
         class FirstStep(tf.keras.callbacks.Callback):
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
                 if batch == 0:
@@ -290,7 +302,9 @@ class _CheckpointStore:
         self.history_path = run_dir / "history.json"
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory), max_to_keep=2)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(self.directory), max_to_keep=2
+        )
         self.history: list[dict[str, float]] = []
 
     def restore(self) -> int:

@@ -14,7 +14,9 @@ from pathlib import Path
 
 
 def main(payload_path: str, result_path: str) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout
+    )
     payload = json.loads(Path(payload_path).read_text())
 
     from pipelines.spec import parse_spec

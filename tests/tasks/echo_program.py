@@ -1,13 +1,15 @@
-"""A tiny child for the launcher tests: echoes value + 1, optionally printing while it sleeps."""
+"""A tiny child for the launcher tests: echoes value + 1, printing a line a second as it sleeps."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from pathlib import Path
 
-payload = json.load(open(sys.argv[1]))
+payload = json.loads(Path(sys.argv[1]).read_text())
 for _ in range(int(payload.get("sleep", 0))):
-    print("still sleeping", flush=True)
+    sys.stdout.write("still sleeping\n")
+    sys.stdout.flush()
     time.sleep(1)
-json.dump({"value": payload.get("value", 0) + 1}, open(sys.argv[2], "w"))
+Path(sys.argv[2]).write_text(json.dumps({"value": payload.get("value", 0) + 1}))

@@ -40,7 +40,7 @@ def step(images, labels):
         per_example = loss_fn(labels, model(images, training=True))
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=64)
     gradients = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
     return loss
 
 

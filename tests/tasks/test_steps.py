@@ -42,9 +42,16 @@ def test_digits_pipeline_end_to_end(tf_runtime):
     mlflow_run = mlflow_client.get_run(trained["mlflow_run_id"])
     assert mlflow_run.info.status == "FINISHED"
     for metric in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second"):
-        steps_logged = [m.step for m in mlflow_client.get_metric_history(mlflow_run.info.run_id, metric)]
+        steps_logged = [
+            m.step for m in mlflow_client.get_metric_history(mlflow_run.info.run_id, metric)
+        ]
         assert sorted(steps_logged) == [1, 2, 3, 4, 5, 6], metric
-    losses = [m.value for m in sorted(mlflow_client.get_metric_history(mlflow_run.info.run_id, "loss"), key=lambda m: m.step)]
+    losses = [
+        m.value
+        for m in sorted(
+            mlflow_client.get_metric_history(mlflow_run.info.run_id, "loss"), key=lambda m: m.step
+        )
+    ]
     assert losses[-1] < losses[0]
     assert evaluated["test_accuracy"] >= 0.9
     assert mlflow_run.data.metrics["test_accuracy"] == pytest.approx(evaluated["test_accuracy"])

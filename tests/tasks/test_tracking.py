@@ -106,7 +106,9 @@ def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref
     with pytest.raises(Exception, match="(?i)run .*not found|does not exist"):
         registry.register(name, "0" * 32, other_uri, promote=True, tags={})
     mlflow_client = tracking.client()
-    assert [str(v.version) for v in mlflow_client.search_model_versions(f"name = '{name}'")] == ["1"]
+    assert [str(v.version) for v in mlflow_client.search_model_versions(f"name = '{name}'")] == [
+        "1"
+    ]
     assert registry.alias_targets(mlflow_client, name) == {"champion": "1", "challenger": "1"}
 
 
