@@ -1,0 +1,37 @@
+# stratoflow: `make run` retrains a pipeline once through Airflow; `make test` runs the tests.
+#   make run PIPELINE=digits CONF='{"strategy": "mirrored", "replicas": 2, "epochs": 3}'
+#   make test PYTEST_ARGS='tests/dags -q'
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a successful install; pyproject.toml changing makes it stale, so deps reinstall.
+INSTALLED := $(VENV)/.stratoflow-installed
+
+PIPELINE ?= mnist
+CONF ?= {}
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint clean-state
+
+install: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/uv || $(BIN)/pip install uv
+	$(BIN)/uv pip install --python $(BIN)/python -e '.[dev]'
+	touch $@
+
+run: $(INSTALLED)
+	$(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
+
+test: $(INSTALLED)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# The local state of `make run`: Airflow home and metadata DB, MLflow store, TFDS data, run dirs.
+clean-state:
+	rm -rf .stratoflow

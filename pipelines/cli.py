@@ -1,0 +1,225 @@
+"""The `stratoflow` command: run a pipeline locally through Airflow, list pipelines, compare runs.
+
+    stratoflow run mnist --strategy mirrored --replicas 2 --epochs 3
+    stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
+    stratoflow list
+    stratoflow compare mnist --limit 10 [--json]
+
+Choices come from `pipelines.options`, so a typo is refused before Airflow starts. Tables and
+summaries go to stdout; progress and errors are logged to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.spec import list_pipelines, load_spec
+
+log = logging.getLogger(__name__)
+
+COMPARE_COLUMNS = (
+    "strategy",
+    "replicas",
+    "workers",
+    "loop",
+    "epochs",
+    "test_accuracy",
+    "examples_per_second",
+    "duration_s",
+    "version",
+    "champion",
+)
+CHAMPION_MARKER = "*"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `stratoflow` command line.
+
+    Args:
+        argv: the arguments after the program name; `sys.argv[1:]` by default.
+
+    Returns:
+        The exit code: 0 on success, 1 when the command failed (the reason is logged), 2 for a
+        usage error (from argparse).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(parser, args)
+    if args.command == "list":
+        return _list()
+    return _compare(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratoflow", description="Retrain TensorFlow models with Airflow and MLflow."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run a pipeline once, for real, through Airflow (airflow dags test)",
+        description="Run a pipeline's DAG once with `airflow dags test`, then print a summary. "
+        "Flags override the same keys of --conf; unset ones keep the spec's defaults.",
+    )
+    run.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    run.add_argument("--strategy", choices=list(STRATEGIES))
+    run.add_argument("--replicas", type=int, choices=REPLICA_CHOICES)
+    run.add_argument("--loop", choices=list(LOOPS))
+    run.add_argument("--epochs", type=int)
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--learning-rate", type=float)
+    run.add_argument("--seed", type=int)
+    run.add_argument(
+        "--no-promote",
+        dest="promote",
+        action="store_false",
+        default=None,
+        help="do not move the champion alias, even when the gate passes",
+    )
+    run.add_argument(
+        "--conf",
+        default="{}",
+        help="the run's Params as a JSON object, as for `airflow dags test -c`",
+    )
+
+    commands.add_parser("list", help="list the pipelines and their schedules")
+
+    compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
+    compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def _pipeline_name(value: str) -> str:
+    if value not in list_pipelines():
+        raise argparse.ArgumentTypeError(
+            f"unknown pipeline {value!r}; available: {', '.join(list_pipelines())}"
+        )
+    return value
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def build_conf(conf_json: str, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's Params: the `--conf` JSON object, then every flag that was given.
+
+    Args:
+        conf_json: a JSON object, e.g. '{"epochs": 2}'.
+        flags: flag values by Param name; None means "not given".
+
+    Raises:
+        ValueError: `conf_json` is not a JSON object.
+    """
+    try:
+        conf = json.loads(conf_json or "{}")
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--conf is not valid JSON: {error}") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"--conf must be a JSON object, got {type(conf).__name__}")
+    return {**conf, **{key: value for key, value in flags.items() if value is not None}}
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    flags = {
+        key: getattr(args, key)
+        for key in (
+            "strategy",
+            "replicas",
+            "loop",
+            "epochs",
+            "batch_size",
+            "learning_rate",
+            "seed",
+            "promote",
+        )
+    }
+    try:
+        conf = build_conf(args.conf, flags)
+    except ValueError as error:
+        parser.error(str(error))
+    from pipelines.runner import run_pipeline
+
+    return run_pipeline(args.pipeline, conf)
+
+
+def _list() -> int:
+    rows = []
+    for name in list_pipelines():
+        spec = load_spec(name)
+        rows.append(
+            {
+                "pipeline": name,
+                "dataset": f"{spec.dataset.name} {spec.dataset.version}",
+                "model": spec.model.builder,
+                "schedule": spec.schedule or "manual only",
+                "registered_model": spec.registered_model,
+            }
+        )
+    sys.stdout.write(format_table(rows, list(rows[0]) if rows else []))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        from tasks.reporting import compare_runs
+
+        runs = compare_runs(args.pipeline, args.limit)
+    except Exception:
+        log.exception("Could not read the tracked runs of pipeline %s", args.pipeline)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(runs, indent=2, default=str) + "\n")
+    elif not runs:
+        sys.stdout.write(f"No tracked runs of pipeline {args.pipeline} yet.\n")
+    else:
+        rows = [{**run, "champion": CHAMPION_MARKER if run.get("champion") else ""} for run in runs]
+        sys.stdout.write(format_table(rows, COMPARE_COLUMNS))
+        sys.stdout.write(f"{CHAMPION_MARKER} = the registered model's current champion\n")
+    return 0
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A plain-text table of `rows`: one line per row, `columns` in order, "-" where missing.
+
+    Args:
+        rows: the rows, each a mapping from column name to value.
+        columns: the columns to show, in order.
+    """
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    widths = [
+        max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)
+    ]
+    lines = [list(columns), ["-" * width for width in widths], *cells]
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        + "\n"
+        for line in lines
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The DAG Params of a pipeline: one per `TrainingConfig` field, as JSON-schema keyword arguments.
+
+The schemas make Airflow itself refuse a bad trigger (UI form, REST API, `airflow dags trigger`,
+`airflow dags test`) before a DAG run exists: Airflow validates `conf` against them when it creates
+the run, and the error names the field and, for a choice, the allowed values. Combinations
+(e.g. a batch size that replicas cannot split) are checked by `pipelines.spec.check_training`
+when the run's first task starts.
+
+This module imports no Airflow: `dags/retrain.py` wraps each entry in `airflow.sdk.Param`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.spec import PipelineSpec
+
+# Generous upper bounds: they catch typos (epochs=10000), not legitimate experiments.
+MAX_EPOCHS = 1000
+MAX_BATCH_SIZE = 65536
+MAX_SEED = 2**31 - 1
+
+
+def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    """The Param keyword arguments for every training setting a trigger may override.
+
+    Args:
+        spec: the pipeline whose training defaults become the Params' defaults.
+
+    Returns:
+        A mapping from the `TrainingConfig` field name to the keyword arguments of
+        `airflow.sdk.Param` (`default`, `description`, and JSON-schema keys such as `type`,
+        `enum`, `minimum`), in the order the trigger form shows them.
+    """
+    training = spec.training
+    return {
+        "strategy": {
+            "default": training.strategy,
+            "type": "string",
+            "enum": list(STRATEGIES),
+            "title": "Distribution strategy",
+            "description": "The tf.distribute strategy of this run.",
+            "values_display": {
+                name: f"{name}: {traits.description}" for name, traits in STRATEGIES.items()
+            },
+        },
+        "replicas": {
+            "default": training.replicas,
+            "type": "integer",
+            "enum": list(REPLICA_CHOICES),
+            "title": "Replicas",
+            "description": (
+                "Replicas for `mirrored` on a CPU-only host (logical CPU devices); "
+                "the batch size must be divisible by it."
+            ),
+            "values_display": {
+                str(n): f"{n} replica{'s' if n > 1 else ''}" for n in REPLICA_CHOICES
+            },
+        },
+        "loop": {
+            "default": training.loop,
+            "type": "string",
+            "enum": list(LOOPS),
+            "title": "Training loop",
+            "description": "Which training loop runs the epochs.",
+            "values_display": {name: f"{name}: {text}" for name, text in LOOPS.items()},
+        },
+        "epochs": {
+            "default": training.epochs,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_EPOCHS,
+            "title": "Epochs",
+            "description": "Passes over the training split.",
+        },
+        "batch_size": {
+            "default": training.batch_size,
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_BATCH_SIZE,
+            "title": "Global batch size",
+            "description": "The global batch, split evenly across replicas.",
+        },
+        "learning_rate": {
+            "default": training.learning_rate,
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "title": "Learning rate",
+            "description": "Adam's learning rate, within (0, 1].",
+        },
+        "seed": {
+            "default": training.seed,
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_SEED,
+            "title": "Seed",
+            "description": "Seeds weights, shuffling and dropout: same seed, same result.",
+        },
+        "promote": {
+            "default": training.promote,
+            "type": "boolean",
+            "title": "Promote",
+            "description": "Move the `champion` alias when the evaluation gate passes.",
+        },
+    }

@@ -1,0 +1,267 @@
+"""The local runner behind `make run`: one real DAG run with `airflow dags test`, then a summary.
+
+`airflow dags test` runs the DAG's tasks one after the other in a single process (TensorFlow is
+imported once), with the same Params validation, retries and callbacks as under a scheduler. The
+runner gives Airflow its own home inside the state folder (SQLite metadata DB, this repo's `dags/`,
+no example DAGs), so a run touches nothing outside the project's `.stratoflow/`.
+
+The tests start their Airflow subprocesses with `airflow_env` too, so both use the same setup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from pipelines import settings
+from pipelines.params import dag_params
+from pipelines.spec import SpecError, list_pipelines, load_spec, override_training
+
+log = logging.getLogger(__name__)
+
+DAGS_FOLDER = settings.PROJECT_ROOT / "dags"
+DAG_ID_PREFIX = "retrain_"  # as in dags/retrain.py, which this light module must not import
+# Tasks run one at a time under `dags test`; a small pool keeps other Airflow commands lean.
+PARALLELISM = 4
+
+
+class RunError(RuntimeError):
+    """The local run could not start or its DAG run failed; the message says why."""
+
+
+def dag_id_for(pipeline: str) -> str:
+    """The DAG id of pipeline `pipeline` (`dags/retrain.py` names its DAGs the same way)."""
+    return f"{DAG_ID_PREFIX}{pipeline}"
+
+
+def airflow_home() -> Path:
+    """The runner's Airflow home: `airflow/` in the state folder."""
+    return settings.state_dir() / "airflow"
+
+
+def airflow_env(home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of an Airflow command that uses Airflow home `home` and this repo's DAGs.
+
+    Args:
+        home: the Airflow home (config, SQLite metadata DB `airflow.db`, logs).
+        base: the environment to extend; the current process's by default.
+
+    Returns:
+        `base` plus the Airflow settings (home, metadata DB, DAGs folder, no example DAGs, small
+        parallelism) and stratoflow's stores, all explicit: a task's current directory is not
+        the user's, so nothing may rely on relative defaults.
+    """
+    env = dict(os.environ if base is None else base)
+    python_path = [str(settings.PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
+            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(PARALLELISM),
+            settings.STATE_DIR_ENV: str(settings.state_dir()),
+            settings.TRACKING_URI_ENV: settings.tracking_uri(),
+            settings.DATA_DIR_ENV: str(settings.data_dir()),
+            "PYTHONPATH": os.pathsep.join(python_path),
+        }
+    )
+    return env
+
+
+def airflow_command(*args: str) -> list[str]:
+    """The command line running `airflow ARGS` with this interpreter's Airflow."""
+    return [sys.executable, "-m", "airflow", *args]
+
+
+def ensure_airflow_db(home: Path, env: Mapping[str, str] | None = None) -> bool:
+    """Create or upgrade the metadata DB of Airflow home `home` unless it is current.
+
+    A stamp file records the Airflow version the DB was migrated with; `airflow db migrate`
+    (20-30 s) runs only when the DB is missing or Airflow changed.
+
+    Args:
+        home: the Airflow home.
+        env: the environment of the migration; `airflow_env(home)` by default.
+
+    Returns:
+        True if it migrated, False if the DB was already current.
+
+    Raises:
+        RunError: the migration failed.
+    """
+    stamp = home / ".stratoflow-db-migrated"
+    wanted = version("apache-airflow")
+    if (home / "airflow.db").is_file() and stamp.is_file() and stamp.read_text() == wanted:
+        return False
+    home.mkdir(parents=True, exist_ok=True)
+    log.info("Initialising the Airflow metadata DB in %s (airflow db migrate)", home)
+    result = subprocess.run(
+        airflow_command("db", "migrate"),
+        env=dict(env) if env is not None else airflow_env(home),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode:
+        raise RunError(
+            f"airflow db migrate failed (exit code {result.returncode}):\n"
+            f"{_tail(result.stdout + result.stderr)}"
+        )
+    stamp.write_text(wanted)
+    return True
+
+
+def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+    """Refuse a bad run config before Airflow starts, with the messages Airflow would give.
+
+    Airflow validates each Param against its JSON schema when it creates the DAG run; this does
+    the same, and also refuses unknown keys and bad combinations (which Airflow would only
+    report when the first task starts).
+
+    Raises:
+        SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
+    """
+    # Airflow's own dependency, called as `Param.resolve` calls it.
+    from jsonschema import ValidationError, validate
+
+    spec = load_spec(pipeline)
+    params = dag_params(spec)
+    unknown = sorted(set(conf) - set(params))
+    if unknown:
+        raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(params)}")
+    for key, value in conf.items():
+        schema = {k: v for k, v in params[key].items() if k not in ("default", "description")}
+        try:
+            validate(value, schema)
+        except ValidationError as error:
+            raise SpecError(f"Invalid input for param {key}: {error.message}") from None
+    override_training(spec.training, dict(conf))
+
+
+def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
+    """Run pipeline `pipeline` once, for real, through Airflow, then print a summary.
+
+    Args:
+        pipeline: a name from `pipelines.spec.list_pipelines()`.
+        conf: the run's Params overrides, e.g. `{"strategy": "mirrored", "epochs": 2}`.
+
+    Returns:
+        0 when the DAG run succeeded and was summarised, 1 otherwise (the reason is logged).
+    """
+    try:
+        if pipeline not in list_pipelines():
+            raise SpecError(
+                f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}"
+            )
+        check_conf(pipeline, conf)
+        home = airflow_home()
+        env = airflow_env(home)
+        ensure_airflow_db(home, env)
+        run_id = _dags_test(pipeline, conf, home, env)
+    except (SpecError, RunError) as error:
+        log.error("%s", error)
+        return 1
+    return _print_summary(pipeline, run_id)
+
+
+def _dags_test(pipeline: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
+    dag_id = dag_id_for(pipeline)
+    db = home / "airflow.db"
+    previous = _latest_run(db, dag_id)
+    command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
+    log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
+    # Output goes straight to the terminal, so the task logs stream as they are written.
+    returncode = subprocess.run(command, env=dict(env), check=False).returncode
+    # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
+    latest = _latest_run(db, dag_id)
+    run = latest if latest and latest != previous else None
+    if returncode or run is None or run[1] != "success":
+        failed = _failed_tasks(db, dag_id, run[0]) if run else []
+        raise RunError(
+            f"DAG run of {dag_id} failed (airflow dags test exit code {returncode}"
+            + (f", run {run[0]} {run[1]}" if run else ", no DAG run was created")
+            + (f"; failed tasks: {', '.join(failed)}" if failed else "")
+            + f"). The task logs are above and under {home / 'logs'}."
+        )
+    return run[0]
+
+
+def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:
+    if not db.is_file():
+        return None
+    with _connect(db) as connection:
+        row = connection.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[str]:
+    with _connect(db) as connection:
+        rows = connection.execute(
+            "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            "AND state IN ('failed', 'upstream_failed') ORDER BY start_date",
+            (dag_id, run_id),
+        ).fetchall()
+    return [f"{task_id} ({state})" for task_id, state in rows]
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+
+
+def _print_summary(pipeline: str, run_id: str) -> int:
+    try:
+        from tasks.reporting import describe_dag_run
+
+        summary = describe_dag_run(pipeline, dag_id_for(pipeline), run_id)
+    except Exception:
+        log.exception("The DAG run %s succeeded, but summarising it failed", run_id)
+        return 1
+    sys.stdout.write(format_summary(pipeline, run_id, summary))
+    return 0
+
+
+def format_summary(pipeline: str, run_id: str, summary: Mapping[str, Any]) -> str:
+    """The text `make run` prints after a successful run.
+
+    Args:
+        pipeline: the pipeline name.
+        run_id: the Airflow run id.
+        summary: `tasks.reporting.describe_dag_run`'s result.
+    """
+    metrics = summary.get("test_metrics") or {}
+    aliases: Sequence[str] = summary.get("aliases") or []
+    lines = [
+        "",
+        f"Pipeline {pipeline}: DAG run {run_id} succeeded",
+        "  test metrics: "
+        + (", ".join(f"{name}={_number(value)}" for name, value in sorted(metrics.items())) or "-"),
+        f"  MLflow run: {summary.get('mlflow_run_id') or '-'}",
+        f"  registered model: {summary.get('registered_model') or '-'} "
+        f"version {summary.get('version') or '-'} "
+        f"(aliases: {', '.join(aliases) if aliases else 'none'})",
+        *([f"  evaluation gate: {summary['gate']}"] if summary.get("gate") else []),
+        f"  browse it: {summary.get('ui_command') or '-'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

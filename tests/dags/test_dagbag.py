@@ -1,0 +1,192 @@
+"""DagBag integrity: `dags/` parses without errors, cheaply, into one well-formed DAG per spec.
+
+Parsing happens in a fresh subprocess, as Airflow's DAG processor does it: the pytest process may
+have imported TensorFlow already, which would hide a DAG file that imports it at parse time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines import runner
+from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.params import dag_params
+from pipelines.spec import list_pipelines, load_spec
+
+TASK_IDS = ["prepare_dataset", "train_model", "evaluate_model", "log_and_register"]
+HEAVY_MODULES = ["tensorflow", "mlflow", "tensorflow_datasets", "keras"]
+PARSE_TIME_BOUND_S = 60
+
+_PARSE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+
+    started = time.perf_counter()
+    from airflow.dag_processing.dagbag import DagBag
+
+    imported = time.perf_counter()
+    bag = DagBag(dag_folder=sys.argv[1])
+    parsed = time.perf_counter()
+
+    def describe(dag):
+        tasks = dag.topological_sort()
+        return {
+            "task_order": [t.task_id for t in tasks],
+            "upstream": {t.task_id: sorted(t.upstream_task_ids) for t in tasks},
+            "tasks": {
+                t.task_id: {
+                    "owner": t.owner,
+                    "retries": t.retries,
+                    "retry_delay_s": t.retry_delay.total_seconds(),
+                    "failure_callbacks": len(t.on_failure_callback or []),
+                    "multiple_outputs": t.multiple_outputs,
+                }
+                for t in tasks
+            },
+            "params": {
+                key: {"value": p.value, "schema": p.schema, "description": p.description}
+                for key, p in dag.params.items()
+            },
+            "schedule": dag.schedule,
+            "timetable": type(dag.timetable).__name__,
+            "catchup": dag.catchup,
+            "max_active_runs": dag.max_active_runs,
+            "tags": sorted(dag.tags),
+            "owner": dag.default_args.get("owner"),
+            "description": dag.description,
+            "doc_md": dag.doc_md,
+            "start_date": dag.start_date.isoformat() if dag.start_date else None,
+        }
+
+    print(json.dumps({
+        "import_errors": bag.import_errors,
+        "dags": {dag_id: describe(dag) for dag_id, dag in bag.dags.items()},
+        "heavy_modules": [m for m in sys.argv[2].split(",") if m in sys.modules],
+        "airflow_import_s": imported - started,
+        "parse_s": parsed - imported,
+    }))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def parsed(session_home: Path) -> dict[str, Any]:
+    """What a fresh Airflow process sees when it parses `dags/`."""
+    home = Path(tempfile.mkdtemp(prefix="airflow-dagbag-", dir=session_home))
+    result = subprocess.run(
+        [sys.executable, "-c", _PARSE_SCRIPT, str(runner.DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=runner.airflow_env(home),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_no_import_errors(parsed: dict[str, Any]) -> None:
+    assert parsed["import_errors"] == {}
+
+
+def test_one_dag_per_pipeline_spec(parsed: dict[str, Any]) -> None:
+    assert set(list_pipelines()) == {"mnist", "digits"}
+    assert sorted(parsed["dags"]) == ["retrain_digits", "retrain_mnist"]
+    # The runner finds the DAGs by the same naming rule.
+    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == sorted(parsed["dags"])
+
+
+def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
+    assert parsed["heavy_modules"] == []
+    assert parsed["parse_s"] < PARSE_TIME_BOUND_S
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_tasks_run_in_order(parsed: dict[str, Any], pipeline: str) -> None:
+    dag = parsed["dags"][f"retrain_{pipeline}"]
+    assert dag["task_order"] == TASK_IDS
+    assert dag["upstream"] == {
+        "prepare_dataset": [],
+        "train_model": ["prepare_dataset"],
+        "evaluate_model": ["prepare_dataset", "train_model"],
+        "log_and_register": ["evaluate_model", "prepare_dataset", "train_model"],
+    }
+    # Each result travels as one small dict, not one XCom per key.
+    assert {task["multiple_outputs"] for task in dag["tasks"].values()} == {False}
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_schedule_and_run_settings_come_from_the_spec(
+    parsed: dict[str, Any], pipeline: str
+) -> None:
+    spec = load_spec(pipeline)
+    dag = parsed["dags"][f"retrain_{pipeline}"]
+    assert dag["schedule"] == spec.schedule
+    assert dag["timetable"] == "CronTriggerTimetable"
+    assert dag["catchup"] is False
+    assert dag["max_active_runs"] == 1
+    assert dag["start_date"] is not None
+    assert dag["owner"] == spec.owner
+    assert dag["tags"] == sorted({*spec.tags, "stratoflow"})
+    assert dag["description"] == spec.description
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_every_task_retries_and_cleans_up_after_a_final_failure(
+    parsed: dict[str, Any], pipeline: str
+) -> None:
+    spec = load_spec(pipeline)
+    for task_id, task in parsed["dags"][f"retrain_{pipeline}"]["tasks"].items():
+        assert task["owner"] == spec.owner, task_id
+        assert task["retries"] == spec.retries, task_id
+        assert task["retry_delay_s"] == spec.retry_delay_seconds, task_id
+        assert task["failure_callbacks"] == 1, task_id
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_params_offer_every_training_setting_with_choices(
+    parsed: dict[str, Any], pipeline: str
+) -> None:
+    spec = load_spec(pipeline)
+    params = parsed["dags"][f"retrain_{pipeline}"]["params"]
+    assert list(params) == [
+        "strategy",
+        "replicas",
+        "loop",
+        "epochs",
+        "batch_size",
+        "learning_rate",
+        "seed",
+        "promote",
+    ]
+    for key, param in params.items():
+        assert param["value"] == getattr(spec.training, key), key
+        assert param["description"], key
+        assert param["schema"]["type"] in ("string", "integer", "number", "boolean"), key
+    assert params["strategy"]["schema"]["enum"] == list(STRATEGIES)
+    assert params["loop"]["schema"]["enum"] == list(LOOPS)
+    assert params["replicas"]["schema"]["enum"] == list(REPLICA_CHOICES)
+    assert params["epochs"]["schema"]["minimum"] == 1
+    assert params["promote"]["schema"]["type"] == "boolean"
+    # What the DAG carries is exactly what `pipelines.params` declares.
+    expected = dag_params(spec)
+    for key, param in params.items():
+        declared = {k: v for k, v in expected[key].items() if k not in ("default", "description")}
+        assert param["schema"] == json.loads(json.dumps(declared)), key
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_doc_md_explains_the_dag_and_the_pipeline(parsed: dict[str, Any], pipeline: str) -> None:
+    spec = load_spec(pipeline)
+    doc = parsed["dags"][f"retrain_{pipeline}"]["doc_md"]
+    assert doc.startswith("Retrain a TensorFlow model and track it in MLflow")
+    assert spec.description in doc
+    assert spec.registered_model in doc

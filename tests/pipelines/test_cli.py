@@ -1,0 +1,157 @@
+"""The `stratoflow` command line and the local runner behind `stratoflow run` / `make run`.
+
+Everything here runs in-process and starts no Airflow; a real `stratoflow run` through Airflow,
+its summary and `stratoflow compare` are tested in `tests/integration/test_retrain_dag.py`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines import cli, runner, settings
+from pipelines.options import STRATEGIES
+from pipelines.spec import SpecError
+
+
+def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list"]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["pipeline", "dataset", "model", "schedule", "registered_model"]
+    mnist = next(line for line in lines if line.startswith("mnist "))
+    for expected in ("stratoflow_mnist5k 1.0.0", "small_cnn", "0 3 * * 1", "stratoflow-mnist"):
+        assert expected in mnist
+    digits = next(line for line in lines if line.startswith("digits "))
+    for expected in ("stratoflow_digits 1.0.0", "mlp", "30 2 * * *", "stratoflow-digits"):
+        assert expected in digits
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_unknown_pipeline_is_a_usage_error_listing_the_pipelines(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "nope"])
+
+    assert exit_info.value.code == 2
+    assert "unknown pipeline 'nope'; available: digits, mnist" in capsys.readouterr().err
+
+
+def test_bad_strategy_is_refused_by_argparse(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "run_pipeline", _must_not_run)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "mnist", "--strategy", "bogus"])
+
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert "argument --strategy: invalid choice: 'bogus'" in error
+    for name in STRATEGIES:
+        assert name in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--replicas", "3"], "argument --replicas: invalid choice: 3"),
+        (["--loop", "keras"], "argument --loop: invalid choice: 'keras'"),
+        (["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),
+        (["--conf", "{epochs: 2}"], "--conf is not valid JSON"),
+        (["--conf", "[1]"], "--conf must be a JSON object, got list"),
+    ],
+)
+def test_bad_run_arguments_are_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    message: str,
+) -> None:
+    monkeypatch.setattr(runner, "run_pipeline", _must_not_run)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "mnist", *argv])
+
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_flags_override_the_conf_json() -> None:
+    conf = cli.build_conf(
+        '{"epochs": 9, "seed": 7, "strategy": "auto"}',
+        {"strategy": "mirrored", "replicas": 4, "loop": None, "promote": False},
+    )
+    assert conf == {"epochs": 9, "seed": 7, "strategy": "mirrored", "replicas": 4, "promote": False}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [("[1]", "must be a JSON object"), ("{", "not valid")]
+)
+def test_a_bad_conf_json_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cli.build_conf(text, {})
+
+
+def test_compare_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "mnist", "--limit", "0"])
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+
+def test_airflow_env_points_airflow_and_the_stores_at_explicit_places(tmp_path: Path) -> None:
+    env = runner.airflow_env(tmp_path / "af", base={"PATH": "/bin", "PYTHONPATH": "/x"})
+
+    assert env["PATH"] == "/bin"
+    assert env["AIRFLOW_HOME"] == str(tmp_path / "af")
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path / 'af'}/airflow.db"
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(settings.PROJECT_ROOT / "dags")
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
+    assert env["STRATOFLOW_HOME"] == str(settings.state_dir())
+    assert env["MLFLOW_TRACKING_URI"] == settings.tracking_uri()
+    assert env["TFDS_DATA_DIR"] == str(settings.data_dir())
+    assert env["PYTHONPATH"].split(":") == [str(settings.PROJECT_ROOT), "/x"]
+
+
+def test_the_runner_home_is_inside_the_state_dir() -> None:
+    assert runner.airflow_home() == settings.state_dir() / "airflow"
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"strategy": "bogus"}, "Invalid input for param strategy: 'bogus' is not one of"),
+        ({"epochs": 0}, "Invalid input for param epochs: 0 is less than the minimum of 1"),
+        ({"optimiser": "sgd"}, "run conf: unknown key 'optimiser'"),
+        ({"strategy": "mirrored", "replicas": 4, "batch_size": 30}, "divisible by replicas 4"),
+    ],
+)
+def test_check_conf_refuses_what_airflow_or_the_first_task_would(
+    conf: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError) as error:
+        runner.check_conf("mnist", conf)
+    assert message in str(error.value)
+
+
+def test_check_conf_accepts_a_valid_conf() -> None:
+    runner.check_conf("mnist", {"strategy": "mirrored", "replicas": 2, "loop": "fit"})
+
+
+def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(subprocess, "run", _must_not_run)
+
+    assert runner.run_pipeline("mnist", {"loop": "x"}) == 1
+    assert "Invalid input for param loop" in caplog.text
+
+
+def _must_not_run(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError(f"must not be called: {args} {kwargs}")

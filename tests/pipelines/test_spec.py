@@ -1,0 +1,160 @@
+"""Pipeline specs: the shipped ones load, and every kind of mistake names its field."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+import yaml
+
+from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.params import dag_params
+from pipelines.spec import (
+    SPECS_DIR,
+    PipelineSpec,
+    SpecError,
+    TrainingConfig,
+    list_pipelines,
+    load_spec,
+    override_training,
+    parse_spec,
+)
+
+
+def _mnist_data() -> dict[str, Any]:
+    return yaml.safe_load((SPECS_DIR / "mnist.yaml").read_text())
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    """The mnist spec's mapping with `path` ("training.strategy") set to `value`."""
+    data = copy.deepcopy(_mnist_data())
+    *parents, key = path.split(".")
+    node = data
+    for parent in parents:
+        node = node.setdefault(parent, {})
+    node[key] = value
+    return data
+
+
+def test_the_shipped_pipelines_are_mnist_and_digits() -> None:
+    assert list_pipelines() == ["digits", "mnist"]
+
+
+@pytest.mark.parametrize("name", ["mnist", "digits"])
+def test_shipped_specs_load(name: str) -> None:
+    spec = load_spec(name)
+    assert isinstance(spec, PipelineSpec)
+    assert spec.name == name
+    assert spec.schedule
+    assert spec.registered_model.startswith("stratoflow-")
+    assert set(spec.dataset.splits) >= {"train", "validation", "test"}
+
+
+def test_spec_values_are_read_from_the_file() -> None:
+    mnist = load_spec("mnist")
+    assert mnist.training.epochs == 8
+    assert mnist.training.learning_rate == 0.002
+    assert mnist.retry_delay_seconds == 30
+    digits = load_spec("digits")
+    # Unset training keys fall back to TrainingConfig's defaults.
+    assert digits.training.strategy == TrainingConfig().strategy
+    assert digits.training.batch_size == 32
+
+
+def test_unknown_pipeline_lists_the_available_ones() -> None:
+    with pytest.raises(SpecError, match=r"unknown pipeline 'nope'; available: digits, mnist"):
+        load_spec("nope")
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("trainig", {"epochs": 1}, r"unknown key 'trainig'"),
+        ("training.epoch", 3, r"training: unknown key 'epoch'"),
+        ("training.epochs", "five", r"training\.epochs: expected int, got str 'five'"),
+        ("training.epochs", True, r"training\.epochs: expected int, got bool"),
+        ("training.promote", "yes", r"training\.promote: expected bool"),
+        ("retries", 1.5, r"retries: expected int, got float"),
+        ("tags", "mnist", r"tags: expected a list"),
+        (
+            "model.builder",
+            "resnet9000",
+            r"model\.builder 'resnet9000' is not a known model builder",
+        ),
+        ("training.strategy", "bogus", r"training\.strategy 'bogus' is not allowed; allowed: auto"),
+        ("training.loop", "keras", r"training\.loop 'keras' is not allowed; allowed: custom, fit"),
+        ("training.replicas", 3, r"training\.replicas 3 is not allowed; allowed: 1, 2, 4, 8"),
+        ("training.epochs", 0, r"training\.epochs must be >= 1"),
+        ("training.learning_rate", 0, r"training\.learning_rate must be within \(0, 1\]"),
+        ("evaluation.min_accuracy", 1.5, r"evaluation\.min_accuracy must be within \[0, 1\]"),
+        ("dataset.splits", {"train": "train"}, r"dataset\.splits lacks test, validation"),
+    ],
+)
+def test_invalid_spec_names_the_field(path: str, value: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec("mnist", _with(path, value), source="mnist.yaml")
+
+
+def test_missing_required_key_is_named() -> None:
+    data = _mnist_data()
+    del data["registered_model"]
+    with pytest.raises(SpecError, match=r"missing required key 'registered_model'"):
+        parse_spec("mnist", data, source="mnist.yaml")
+
+
+def test_batch_must_split_evenly_across_mirrored_replicas() -> None:
+    data = _with("training.strategy", "mirrored")
+    data["training"].update(replicas=4, batch_size=66)
+    with pytest.raises(SpecError, match=r"training\.batch_size 66 must be divisible by replicas 4"):
+        parse_spec("mnist", data, source="mnist.yaml")
+    data["training"]["batch_size"] = 64
+    assert parse_spec("mnist", data).training.replicas == 4
+
+
+@pytest.mark.skip(reason="every strategy in pipelines.options supports Keras fit today")
+def test_fit_with_a_strategy_keras_cannot_fit_is_refused() -> None:
+    unsupported = [name for name, traits in STRATEGIES.items() if not traits.supports_fit]
+    with pytest.raises(SpecError, match=r"loop 'fit' does not work"):
+        override_training(TrainingConfig(), {"loop": "fit", "strategy": unsupported[0]})
+
+
+def test_override_training_applies_the_run_params() -> None:
+    defaults = load_spec("mnist").training
+    overridden = override_training(
+        defaults,
+        {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1, "promote": False},
+    )
+    assert overridden == dataclasses.replace(
+        defaults, strategy="mirrored", replicas=2, epochs=1, learning_rate=1.0, promote=False
+    )
+    assert isinstance(overridden.learning_rate, float)
+    assert override_training(defaults, {}) == defaults
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"strategy": "bogus"}, r"run conf\.strategy 'bogus' is not allowed"),
+        ({"optimizer": "sgd"}, r"run conf: unknown key 'optimizer'"),
+        ({"epochs": "2"}, r"run conf\.epochs: expected int, got str"),
+        ({"strategy": "mirrored", "replicas": 4, "batch_size": 10}, r"divisible by replicas 4"),
+    ],
+)
+def test_override_training_refuses_bad_overrides(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        override_training(load_spec("mnist").training, overrides)
+
+
+@pytest.mark.parametrize("name", ["mnist", "digits"])
+def test_dag_params_cover_every_training_setting(name: str) -> None:
+    spec = load_spec(name)
+    params = dag_params(spec)
+    assert list(params) == [f.name for f in dataclasses.fields(TrainingConfig)]
+    for key, kwargs in params.items():
+        assert kwargs["default"] == getattr(spec.training, key), key
+        assert kwargs["description"], key
+    assert params["strategy"]["enum"] == list(STRATEGIES)
+    assert params["loop"]["enum"] == list(LOOPS)
+    assert params["replicas"]["enum"] == list(REPLICA_CHOICES)
