@@ -17,6 +17,9 @@ class StrategyTraits:
     description: str
     supports_fit: bool
     uses_replicas: bool = False
+    # Runs as a cluster of processes (`workers` workers, and `ps` parameter servers for PS).
+    uses_workers: bool = False
+    uses_ps: bool = False
 
 
 STRATEGIES: dict[str, StrategyTraits] = {
@@ -31,6 +34,23 @@ STRATEGIES: dict[str, StrategyTraits] = {
         uses_replicas=True,
     ),
     "tpu": StrategyTraits("TPUStrategy; fails clearly where no TPU is attached", supports_fit=True),
+    "multi_worker_mirrored": StrategyTraits(
+        "synchronous data parallelism across `workers` processes (one per host in production)",
+        supports_fit=False,  # Keras 3 fit fails under MWMS (keras-team/keras#20585)
+        uses_workers=True,
+    ),
+    "parameter_server": StrategyTraits(
+        "asynchronous training: `workers` workers and `ps` parameter servers, this task "
+        "coordinating",
+        supports_fit=False,  # Keras 3 has no ParameterServerStrategy support in fit
+        uses_workers=True,
+        uses_ps=True,
+    ),
+    "central_storage": StrategyTraits(
+        "variables on the CPU, compute mirrored over `replicas` devices; no random layers",
+        supports_fit=False,  # Keras fit reports a wrong loss under CentralStorage
+        uses_replicas=True,
+    ),
 }
 
 LOOPS: dict[str, str] = {
@@ -39,6 +59,8 @@ LOOPS: dict[str, str] = {
 }
 
 REPLICA_CHOICES = (1, 2, 4, 8)
+WORKER_CHOICES = (1, 2, 3, 4)
+PS_CHOICES = (1, 2)
 
 
 def strategies_supporting_fit() -> list[str]:

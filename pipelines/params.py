@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 from pipelines.spec import PipelineSpec
 
 # Generous upper bounds: they catch typos (epochs=10000), not legitimate experiments.
@@ -51,12 +51,27 @@ def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "enum": list(REPLICA_CHOICES),
             "title": "Replicas",
             "description": (
-                "Replicas for `mirrored` on a CPU-only host (logical CPU devices); "
+                "Replicas for `mirrored` and `central_storage` on a CPU-only host (logical CPU "
+                "devices); "
                 "the batch size must be divisible by it."
             ),
             "values_display": {
                 str(n): f"{n} replica{'s' if n > 1 else ''}" for n in REPLICA_CHOICES
             },
+        },
+        "workers": {
+            "default": training.workers,
+            "type": "integer",
+            "enum": list(WORKER_CHOICES),
+            "title": "Workers",
+            "description": "Worker processes for `multi_worker_mirrored` and `parameter_server`.",
+        },
+        "ps": {
+            "default": training.ps,
+            "type": "integer",
+            "enum": list(PS_CHOICES),
+            "title": "Parameter servers",
+            "description": "Parameter-server processes for `parameter_server`.",
         },
         "loop": {
             "default": training.loop,

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"
 
@@ -58,7 +58,9 @@ class TrainingConfig:
 
     Attributes:
         strategy: a name from `pipelines.options.STRATEGIES`.
-        replicas: replicas for `mirrored` on a CPU-only host (logical CPU devices).
+        replicas: replicas for `mirrored`/`central_storage` on a CPU-only host (logical CPUs).
+        workers: worker processes for `multi_worker_mirrored` and `parameter_server`.
+        ps: parameter-server processes for `parameter_server`.
         loop: "custom" (stratoflow's loop) or "fit" (Keras model.fit).
         epochs: passes over the training split.
         batch_size: the global batch, split across replicas.
@@ -69,6 +71,8 @@ class TrainingConfig:
 
     strategy: str = "one_device"
     replicas: int = 2
+    workers: int = 2
+    ps: int = 1
     loop: str = "custom"
     epochs: int = 5
     batch_size: int = 64
@@ -167,6 +171,12 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
             f"{where}.replicas {training.replicas!r} is not allowed; "
             f"allowed: {', '.join(map(str, REPLICA_CHOICES))}"
         )
+    for key, choices in (("workers", WORKER_CHOICES), ("ps", PS_CHOICES)):
+        if getattr(training, key) not in choices:
+            raise SpecError(
+                f"{where}.{key} {getattr(training, key)!r} is not allowed; "
+                f"allowed: {', '.join(map(str, choices))}"
+            )
     if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
         fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
         raise SpecError(
@@ -180,10 +190,15 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
         raise SpecError(
             f"{where}.learning_rate must be within (0, 1], got {training.learning_rate}"
         )
-    if training.strategy == "mirrored" and training.batch_size % training.replicas:
+    if STRATEGIES[training.strategy].uses_replicas and training.batch_size % training.replicas:
         raise SpecError(
             f"{where}.batch_size {training.batch_size} must be divisible by replicas "
             f"{training.replicas}: the global batch is split evenly across replicas"
+        )
+    if training.strategy == "multi_worker_mirrored" and training.batch_size % training.workers:
+        raise SpecError(
+            f"{where}.batch_size {training.batch_size} must be divisible by workers "
+            f"{training.workers}: the global batch is split evenly across workers"
         )
 
 

@@ -71,7 +71,7 @@ def train(
     Returns:
         The MLflow run id, the saved model's path and the shape of the strategy that ran.
     """
-    from tasks import launcher, tracking
+    from tasks import cluster, launcher, tracking
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = tracking.start_or_resume_run(
@@ -85,7 +85,10 @@ def train(
         "tracking_uri": settings.tracking_uri(),
         "mlflow_run_id": mlflow_run_id,
     }
-    result = launcher.run_python_module("tasks.training_worker", payload, name="training process")
+    members, result_from = cluster.training_members(
+        spec.training.strategy, spec.training.workers, spec.training.ps
+    )
+    result = launcher.run_cluster(members, result_from, payload)
     tracking.set_tags(
         mlflow_run_id,
         {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},

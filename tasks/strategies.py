@@ -125,9 +125,71 @@ def _tpu(training: TrainingConfig) -> Any:
     return tf.distribute.TPUStrategy(resolver)
 
 
+def _multi_worker_mirrored(training: TrainingConfig) -> Any:
+    import tensorflow as tf
+
+    _require_tf_config("multi_worker_mirrored")
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _parameter_server(training: TrainingConfig) -> Any:
+    import tensorflow as tf
+
+    _require_tf_config("parameter_server")
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
+def _central_storage(training: TrainingConfig) -> Any:
+    import tensorflow as tf
+
+    if _gpus():
+        return tf.distribute.experimental.CentralStorageStrategy()
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) < training.replicas:
+        raise StrategyUnavailableError(
+            f"central_storage with replicas={training.replicas} needs {training.replicas} "
+            f"logical CPUs; this process has {len(cpus)}"
+        )
+    return tf.distribute.experimental.CentralStorageStrategy(
+        compute_devices=[device.name for device in cpus[: training.replicas]],
+        parameter_device=cpus[0].name,
+    )
+
+
+def _require_tf_config(strategy: str) -> None:
+    if not os.environ.get("TF_CONFIG"):
+        raise StrategyUnavailableError(
+            f"strategy {strategy!r} runs in a cluster process with TF_CONFIG set; the training "
+            "task launches one (tasks.cluster), or standing servers provide it"
+        )
+
+
+def is_chief(strategy: Any) -> bool:
+    """Whether this process writes the run's outputs (model, checkpoints, MLflow metrics).
+
+    The chief is worker 0 of a multi-worker cluster (or the `chief` task, such as the
+    parameter-server coordinator); a single-process strategy is its own chief.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return True
+    return resolver.task_type == "chief" or (
+        resolver.task_type == "worker" and resolver.task_id == 0
+    )
+
+
+def rejects_random_layers(training: TrainingConfig) -> bool:
+    """central_storage cannot run layers that draw random numbers (Dropout) in TF 2.21."""
+    return training.strategy == "central_storage"
+
+
 _BUILDERS = {
     "auto": _auto,
     "one_device": _one_device,
     "mirrored": _mirrored,
     "tpu": _tpu,
+    "multi_worker_mirrored": _multi_worker_mirrored,
+    "parameter_server": _parameter_server,
+    "central_storage": _central_storage,
 }

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -21,10 +24,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from pipelines.options import STRATEGIES
 from pipelines.spec import PipelineSpec
 from tasks.datasets import DatasetRef, load_split
+from tasks.launcher import READY_MARKER
 from tasks.models import build_model
-from tasks.strategies import make_strategy
+from tasks.strategies import is_chief, make_strategy, rejects_random_layers
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +90,12 @@ def train(
         Where the model was saved, the per-epoch history and the strategy's shape.
     """
     training = spec.training
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tf.keras.utils.set_random_seed(training.seed)
+    # Multi-worker strategies must exist before any other TensorFlow op runs.
     strategy = make_strategy(training)
+    _announce_ready()
+    tf.keras.utils.set_random_seed(training.seed)
+    chief = is_chief(strategy)
+    run_dir.mkdir(parents=True, exist_ok=True)
     replicas = strategy.num_replicas_in_sync
     if training.batch_size % replicas:
         raise ValueError(
@@ -109,8 +117,12 @@ def train(
                 loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
             )
+    if rejects_random_layers(training):
+        _refuse_random_layers(model, training.strategy)
 
-    store = _CheckpointStore(run_dir, model, optimizer)
+    # Every worker restores the chief's checkpoint; only the chief's own saves are kept.
+    scratch = None if chief else Path(tempfile.mkdtemp(prefix="stratoflow-worker-"))
+    store = _CheckpointStore(run_dir, model, optimizer, write_dir=scratch)
     start_epoch = store.restore()
     train_examples = load_split(dataset, "train").cache()
     steps_per_epoch = dataset.split_sizes["train"] // training.batch_size
@@ -120,11 +132,38 @@ def train(
             "training examples"
         )
     validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
-    run_epoch = (
-        _FitEpoch(model)
-        if training.loop == "fit"
-        else _CustomLoopEpoch(strategy, model, optimizer, training.batch_size)
+    shard_by_data = tf.data.Options()
+    # Explicit: AUTO falls back silently, OFF duplicates examples across workers (DESIGN.md).
+    shard_by_data.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
     )
+
+    remote_input = training.strategy == "parameter_server"
+
+    def epoch_batches(epoch: int) -> tf.data.Dataset:
+        # A parameter-server worker builds its input itself: a dataset made here cannot be
+        # shipped to it ("Unable to parse tensor proto").
+        examples = load_split(dataset, "train").cache() if remote_input else train_examples
+        return (
+            examples.shuffle(
+                dataset.split_sizes["train"],
+                seed=training.seed + epoch,
+                reshuffle_each_iteration=False,
+            )
+            .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
+            .with_options(shard_by_data)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
+    if training.loop == "fit":
+        run_epoch = _FitEpoch(model, epoch_batches)
+    elif training.strategy == "parameter_server":
+        run_epoch = _ParameterServerEpoch(
+            strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+        )
+    else:
+        run_epoch = _CustomLoopEpoch(strategy, model, optimizer, training.batch_size, epoch_batches)
     evaluate = _make_evaluator(model)
 
     result = TrainingResult(
@@ -132,7 +171,7 @@ def train(
         strategy=training.strategy,
         loop=training.loop,
         num_replicas=replicas,
-        num_workers=1,
+        num_workers=training.workers if STRATEGIES[training.strategy].uses_workers else 1,
         global_batch_size=training.batch_size,
         epochs=training.epochs,
         resumed_from_epoch=start_epoch,
@@ -145,21 +184,11 @@ def train(
     process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
     train_start = time.perf_counter()
     for epoch in range(start_epoch + 1, training.epochs + 1):
-        batches = (
-            train_examples.shuffle(
-                dataset.split_sizes["train"],
-                seed=training.seed + epoch,
-                reshuffle_each_iteration=False,
-            )
-            .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
-            .prefetch(tf.data.AUTOTUNE)
-        )
         epoch_start = time.perf_counter()
-        loss, accuracy = run_epoch(
-            batches, first_step_done=lambda: _note_first_step(result, process_start)
-        )
+        loss, accuracy = run_epoch(epoch, lambda: _note_first_step(result, process_start))
         seconds = time.perf_counter() - epoch_start
-        val_loss, val_accuracy = evaluate(validation)
+        # Validation has no collective ops: the chief alone does it.
+        val_loss, val_accuracy = evaluate(validation) if chief else (float("nan"),) * 2
         metrics = EpochMetrics(
             epoch=epoch,
             loss=loss,
@@ -171,15 +200,36 @@ def train(
         )
         store.save(epoch, metrics)
         result.history.append(asdict(metrics))
-        _log_progress(
-            metrics, training.epochs, time.perf_counter() - train_start, epoch - start_epoch
-        )
-        if on_epoch_end:
-            on_epoch_end(metrics)
+        if chief:
+            elapsed = time.perf_counter() - train_start
+            _log_progress(metrics, training.epochs, elapsed, epoch - start_epoch)
+            if on_epoch_end:
+                on_epoch_end(metrics)
     result.train_seconds = time.perf_counter() - train_start
 
-    model.save(result.model_path)
+    if chief:
+        model.save(result.model_path)
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)  # type: ignore[arg-type]
     return result
+
+
+def _announce_ready() -> None:
+    """Tell the launcher this process is up (its peers' start-up is timed from this)."""
+    sys.stdout.write(READY_MARKER + "\n")
+    sys.stdout.flush()
+
+
+def _refuse_random_layers(model: Any, strategy: str) -> None:
+    random_layers = [
+        layer.name for layer in model.layers if isinstance(layer, tf.keras.layers.Dropout)
+    ]
+    if random_layers:
+        raise ValueError(
+            f"strategy {strategy!r} cannot train layers that draw random numbers "
+            f"({', '.join(random_layers)}: TensorFlow's CentralStorage fails on them); set "
+            "model.hyperparameters.dropout to 0, or choose mirrored"
+        )
 
 
 def _note_first_step(result: TrainingResult, process_start: float) -> None:
@@ -203,47 +253,62 @@ def _log_progress(metrics: EpochMetrics, epochs: int, elapsed: float, epochs_don
     )
 
 
+def _make_step_fn(model: Any, optimizer: Any, global_batch_size: int) -> Callable[..., Any]:
+    """One replica's step: forward, loss scaled by the global batch, gradients applied."""
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def step_fn(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            per_example_loss = loss_fn(labels, logits)
+            loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        # The Keras 3 optimizer all-reduces the gradients across replicas itself.
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
+        return loss, correct
+
+    return step_fn
+
+
+def _make_train_step(strategy: Any, step_fn: Callable[..., Any], from_iterator: bool) -> Any:
+    """`strategy.run` of one step, the per-replica loss and correct count summed."""
+
+    @tf.function
+    def train_step(batch_or_iterator: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        batch = next(batch_or_iterator) if from_iterator else batch_or_iterator
+        per_replica_loss, per_replica_correct = strategy.run(step_fn, args=batch)
+        return (
+            strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None),
+            strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_correct, axis=None),
+        )
+
+    return train_step
+
+
 class _CustomLoopEpoch:
     """One epoch of the custom loop: `strategy.run` per step, losses scaled by the global batch."""
 
-    def __init__(self, strategy: Any, model: Any, optimizer: Any, global_batch_size: int):
+    def __init__(
+        self,
+        strategy: Any,
+        model: Any,
+        optimizer: Any,
+        global_batch_size: int,
+        epoch_batches: Callable[[int], tf.data.Dataset],
+    ):
         self.strategy = strategy
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-        def step_fn(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                per_example_loss = loss_fn(labels, logits)
-                loss = tf.nn.compute_average_loss(
-                    per_example_loss, global_batch_size=global_batch_size
-                )
-                if model.losses:
-                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            gradients = tape.gradient(loss, model.trainable_variables)
-            # The Keras 3 optimizer all-reduces the gradients across replicas itself.
-            optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-            correct = tf.reduce_sum(
-                tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
-            )
-            return loss, correct
-
-        @tf.function
-        def train_step(batch: Any) -> tuple[tf.Tensor, tf.Tensor]:
-            per_replica_loss, per_replica_correct = strategy.run(step_fn, args=batch)
-            return (
-                strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None),
-                strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_correct, axis=None),
-            )
-
-        self.train_step = train_step
+        self.epoch_batches = epoch_batches
         self.global_batch_size = global_batch_size
+        step_fn = _make_step_fn(model, optimizer, global_batch_size)
+        self.train_step = _make_train_step(strategy, step_fn, from_iterator=False)
 
-    def __call__(
-        self, batches: tf.data.Dataset, first_step_done: Callable[[], None]
-    ) -> tuple[float, float]:
+    def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
         total_loss = total_correct = 0.0
         steps = 0
-        for batch in self.strategy.experimental_distribute_dataset(batches):
+        for batch in self.strategy.experimental_distribute_dataset(self.epoch_batches(epoch)):
             loss, correct = self.train_step(batch)
             if not steps:
                 first_step_done()
@@ -253,21 +318,62 @@ class _CustomLoopEpoch:
         return total_loss / steps, total_correct / (steps * self.global_batch_size)
 
 
+class _ParameterServerEpoch:
+    """One epoch of asynchronous training: `steps` steps, each run by whichever worker is free.
+
+    Each worker iterates its own copy of the epoch's shuffled batches (`create_per_worker_dataset`)
+    and one step is one worker's whole global batch; an epoch is a fixed number of steps, so the
+    examples it sees are about one pass of the training split, not exactly one.
+    """
+
+    def __init__(
+        self,
+        strategy: Any,
+        model: Any,
+        optimizer: Any,
+        global_batch_size: int,
+        epoch_batches: Callable[[int], tf.data.Dataset],
+        steps: int,
+    ):
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        self.epoch_batches = epoch_batches
+        self.steps = steps
+        self.global_batch_size = global_batch_size
+        step_fn = _make_step_fn(model, optimizer, global_batch_size)
+        self.train_step = _make_train_step(strategy, step_fn, from_iterator=True)
+
+    def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
+        per_worker = self.coordinator.create_per_worker_dataset(
+            lambda: self.epoch_batches(epoch).repeat()
+        )
+        iterator = iter(per_worker)
+        scheduled = [
+            self.coordinator.schedule(self.train_step, args=(iterator,)) for _ in range(self.steps)
+        ]
+        scheduled[0].fetch()
+        first_step_done()
+        self.coordinator.join()  # raises at once if a ps died; a dead worker's steps are rerun
+        losses, corrects = zip(*(step.fetch() for step in scheduled), strict=True)
+        examples = self.steps * self.global_batch_size
+        return float(sum(losses)) / self.steps, float(sum(corrects)) / examples
+
+
 class _FitEpoch:
     """One epoch of Keras `fit` on the same batches the custom loop would see."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, epoch_batches: Callable[[int], tf.data.Dataset]):
         self.model = model
+        self.epoch_batches = epoch_batches
 
-    def __call__(
-        self, batches: tf.data.Dataset, first_step_done: Callable[[], None]
-    ) -> tuple[float, float]:
+    def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
         class FirstStep(tf.keras.callbacks.Callback):
             def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
                 if batch == 0:
                     first_step_done()
 
-        history = self.model.fit(batches, epochs=1, verbose=0, callbacks=[FirstStep()])
+        history = self.model.fit(
+            self.epoch_batches(epoch), epochs=1, verbose=0, callbacks=[FirstStep()]
+        )
         return float(history.history["loss"][-1]), float(history.history["accuracy"][-1])
 
 
@@ -295,21 +401,26 @@ def _make_evaluator(model: Any) -> Callable[[tf.data.Dataset], tuple[float, floa
 
 
 class _CheckpointStore:
-    """Per-epoch checkpoints plus the metrics of the epochs they cover, in the run folder."""
+    """Per-epoch checkpoints plus the metrics of the epochs they cover, in the run folder.
 
-    def __init__(self, run_dir: Path, model: Any, optimizer: Any):
+    A non-chief worker of a multi-worker run restores the chief's checkpoint like everyone, but
+    writes its own saves (which the collective save needs) to `write_dir`, a scratch folder.
+    """
+
+    def __init__(self, run_dir: Path, model: Any, optimizer: Any, write_dir: Path | None = None):
         self.directory = run_dir / "checkpoints"
         self.history_path = run_dir / "history.json"
+        self.writes_history = write_dir is None
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="completed_epochs")
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=self.epoch)
         self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(self.directory), max_to_keep=2
+            self.checkpoint, str(write_dir or self.directory), max_to_keep=2
         )
         self.history: list[dict[str, float]] = []
 
     def restore(self) -> int:
         """Restore the latest checkpoint, if any; returns the number of completed epochs."""
-        latest = self.manager.latest_checkpoint
+        latest = tf.train.latest_checkpoint(str(self.directory))
         if not latest:
             return 0
         self.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -317,12 +428,13 @@ class _CheckpointStore:
         return int(self.epoch.numpy())
 
     def save(self, epoch: int, metrics: EpochMetrics) -> None:
-        # History first: `restore` drops entries past the last checkpoint, so a crash between the
-        # two writes redoes the epoch instead of resuming without its metrics.
         self.history.append(asdict(metrics))
-        temporary = self.history_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self.history, indent=1))
-        os.replace(temporary, self.history_path)
+        if self.writes_history:
+            # History first: `restore` drops entries past the last checkpoint, so a crash between
+            # the two writes redoes the epoch instead of resuming without its metrics.
+            temporary = self.history_path.with_suffix(".tmp")
+            temporary.write_text(json.dumps(self.history, indent=1))
+            os.replace(temporary, self.history_path)
         self.epoch.assign(epoch)
         self.manager.save(checkpoint_number=epoch)
 

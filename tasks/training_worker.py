@@ -26,12 +26,15 @@ def main(payload_path: str, result_path: str) -> None:
     configure_host_devices(required_logical_cpus(spec.training))
 
     from tasks import tracking, training
+    from tasks.cluster import this_process_is_chief
     from tasks.datasets import DatasetRef
 
     run_dir = Path(payload["run_dir"])
-    epoch_logger = tracking.EpochLogger(payload["tracking_uri"], payload["mlflow_run_id"])
-    # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
-    epoch_logger.log_missing(training.read_history(run_dir))
+    epoch_logger = None
+    if this_process_is_chief():  # only the chief talks to MLflow
+        epoch_logger = tracking.EpochLogger(payload["tracking_uri"], payload["mlflow_run_id"])
+        # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
+        epoch_logger.log_missing(training.read_history(run_dir))
     result = training.train(
         spec, DatasetRef.from_dict(payload["dataset"]), run_dir, on_epoch_end=epoch_logger
     )

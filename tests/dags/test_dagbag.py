@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipelines import runner
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 from pipelines.params import dag_params
 from pipelines.spec import list_pipelines, load_spec
 
@@ -160,6 +160,8 @@ def test_params_offer_every_training_setting_with_choices(
     assert list(params) == [
         "strategy",
         "replicas",
+        "workers",
+        "ps",
         "loop",
         "epochs",
         "batch_size",
@@ -174,6 +176,8 @@ def test_params_offer_every_training_setting_with_choices(
     assert params["strategy"]["schema"]["enum"] == list(STRATEGIES)
     assert params["loop"]["schema"]["enum"] == list(LOOPS)
     assert params["replicas"]["schema"]["enum"] == list(REPLICA_CHOICES)
+    assert params["workers"]["schema"]["enum"] == list(WORKER_CHOICES)
+    assert params["ps"]["schema"]["enum"] == list(PS_CHOICES)
     assert params["epochs"]["schema"]["minimum"] == 1
     assert params["promote"]["schema"]["type"] == "boolean"
     # What the DAG carries is exactly what `pipelines.params` declares.

@@ -102,9 +102,7 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
     }
 
 
-def test_compare_lists_both_runs_and_marks_the_champion(
-    default_mnist_run, mlflow_client, capsys
-):
+def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflow_client, capsys):
     assert cli.main(["compare", "mnist", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["strategy"] for row in rows] == ["mirrored", "one_device"]  # newest first

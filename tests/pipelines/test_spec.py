@@ -113,11 +113,23 @@ def test_batch_must_split_evenly_across_mirrored_replicas() -> None:
     assert parse_spec("mnist", data).training.replicas == 4
 
 
-@pytest.mark.skip(reason="every strategy in pipelines.options supports Keras fit today")
-def test_fit_with_a_strategy_keras_cannot_fit_is_refused() -> None:
-    unsupported = [name for name, traits in STRATEGIES.items() if not traits.supports_fit]
-    with pytest.raises(SpecError, match=r"loop 'fit' does not work"):
-        override_training(TrainingConfig(), {"loop": "fit", "strategy": unsupported[0]})
+@pytest.mark.parametrize(
+    "strategy", [name for name, traits in STRATEGIES.items() if not traits.supports_fit]
+)
+def test_fit_with_a_strategy_keras_cannot_fit_is_refused(strategy: str) -> None:
+    with pytest.raises(
+        SpecError, match=r"loop 'fit' does not work with strategy .*use loop 'custom'"
+    ):
+        override_training(TrainingConfig(), {"loop": "fit", "strategy": strategy})
+
+
+def test_workers_and_ps_are_checked() -> None:
+    with pytest.raises(SpecError, match=r"workers 7 is not allowed; allowed: 1, 2, 3, 4"):
+        override_training(TrainingConfig(), {"workers": 7})
+    with pytest.raises(SpecError, match=r"ps 3 is not allowed; allowed: 1, 2"):
+        override_training(TrainingConfig(), {"ps": 3})
+    with pytest.raises(SpecError, match=r"batch_size 63 must be divisible by workers 2"):
+        override_training(TrainingConfig(), {"strategy": "multi_worker_mirrored", "batch_size": 63})
 
 
 def test_override_training_applies_the_run_params() -> None:

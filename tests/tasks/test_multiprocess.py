@@ -1,0 +1,211 @@
+"""Multi-process strategies with real worker, ps and coordinator processes on loopback.
+
+Fault tests SIGKILL a real cluster member mid-training and check that the task fails fast,
+leaves no process behind, and that the retry resumes with every epoch logged exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from pipelines import settings
+from pipelines.spec import ModelSpec, load_spec
+from tasks.steps import AirflowRun
+
+KILL_DEADLINE_SECONDS = 30
+
+
+def new_run(pipeline: str) -> AirflowRun:
+    return AirflowRun(dag_id=f"retrain_{pipeline}", run_id=f"manual__{uuid.uuid4().hex[:12]}")
+
+
+def cluster_children() -> list[psutil.Process]:
+    modules = ("tasks.training_worker", "tasks.cluster_server", "tests.tasks.echo_program")
+    return [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if any(module in " ".join(child.cmdline()) for module in modules)
+    ]
+
+
+def losses(history) -> list[float]:
+    return [entry["loss"] for entry in history]
+
+
+def test_multi_worker_mirrored_matches_mirrored(tf_runtime, tmp_path):
+    """Same seed, same data: MWMS over 2 workers x 1 replica == mirrored over 2 replicas."""
+    from tasks import cluster, launcher, tracking
+    from tasks.datasets import prepare_dataset
+    from tasks.training import train
+
+    spec = load_spec("digits")
+    spec = dataclasses.replace(
+        spec,
+        model=ModelSpec("mlp", {"hidden_units": [64], "dropout": 0.0}),
+        training=dataclasses.replace(spec.training, epochs=2, batch_size=64, seed=11),
+    )
+    dataset = prepare_dataset(spec.dataset)
+    mirrored_spec = dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, strategy="mirrored", replicas=2)
+    )
+    mirrored = train(mirrored_spec, dataset, tmp_path / "mirrored")
+
+    mwms_spec = dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, strategy="multi_worker_mirrored")
+    )
+    run = new_run("digits")
+    config = dataclasses.asdict(mwms_spec)
+    del config["name"]
+    payload = {
+        "pipeline": "digits",
+        "config": config,
+        "dataset": dataset.to_dict(),
+        "run_dir": str(tmp_path / "mwms"),
+        "tracking_uri": settings.tracking_uri(),
+        "mlflow_run_id": tracking.start_or_resume_run(
+            mwms_spec, run.dag_id, run.run_id, 1, dataset.to_dict()
+        ),
+    }
+    members, result_from = cluster.training_members("multi_worker_mirrored", 2, 1)
+    result = launcher.run_cluster(members, result_from, payload)
+
+    assert (result["num_workers"], result["num_replicas"]) == (2, 2)
+    assert losses(result["history"]) == pytest.approx(losses(mirrored.history), rel=1e-4)
+    assert cluster_children() == []
+
+
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_cluster_strategies_train_through_the_task_api(tf_runtime, strategy):
+    from tasks import steps, tracking
+
+    run = new_run("digits")
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4}
+    dataset = steps.prepare("digits", params, run)
+    trained = steps.train("digits", params, run, dataset)
+    evaluated = steps.evaluate("digits", params, run, dataset, trained)
+
+    assert trained["num_workers"] == 2
+    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]  # logged by the chief only, once
+    values = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert values[-1] < values[0]
+    assert evaluated["test_accuracy"] > 0.85
+    assert cluster_children() == []
+    if strategy == "multi_worker_mirrored":
+        # Only the chief writes checkpoints, into the run folder; workers' scratch is gone.
+        checkpoints = settings.run_dir(run.dag_id, run.run_id) / "checkpoints"
+        assert sorted(p.name for p in checkpoints.glob("ckpt-*.index")) == [
+            "ckpt-3.index",
+            "ckpt-4.index",
+        ]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "victim"),
+    [("multi_worker_mirrored", "worker 1"), ("parameter_server", "ps 0")],
+)
+def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(tf_runtime, strategy, victim):
+    from tasks import steps, tracking
+    from tasks.launcher import ChildProcessFailed
+
+    run = new_run("mnist")
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 3, "seed": 5}
+    dataset = steps.prepare("mnist", params, run)
+    first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
+    outcome: dict[str, object] = {}
+
+    def attempt() -> None:
+        try:
+            steps.train("mnist", params, run, dataset)
+        except ChildProcessFailed as failure:
+            outcome["error"] = str(failure)
+            outcome["failed_at"] = time.monotonic()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    deadline = time.monotonic() + 400
+    while not first_checkpoint.exists():
+        assert time.monotonic() < deadline and thread.is_alive(), "no first checkpoint"
+        time.sleep(0.1)
+    job, index = victim.split()
+    role = "ps" if job == "ps" else "worker"
+    (target,) = [
+        child
+        for child in cluster_children()
+        if f'"type": "{role}", "index": {index}' in child.environ().get("TF_CONFIG", "")
+    ]
+    killed_at = time.monotonic()
+    target.kill()
+    thread.join(KILL_DEADLINE_SECONDS + 10)
+    assert not thread.is_alive()
+    assert f"{victim} (pid {target.pid}) was killed by SIGKILL" in str(outcome["error"])
+    time_to_failure = float(outcome["failed_at"]) - killed_at  # type: ignore[arg-type]
+    assert time_to_failure < KILL_DEADLINE_SECONDS
+    assert cluster_children() == []
+    print(f"{strategy}: {victim} killed, task failed {time_to_failure:.2f} s later")  # noqa: T201
+
+    retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
+    trained = steps.train("mnist", params, retry, dataset)
+    assert trained["resumed_from_epoch"] >= 1
+    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
+    assert cluster_children() == []
+
+
+def test_a_member_that_never_comes_up_fails_the_start_within_bounds(tf_runtime):
+    from tasks import cluster, launcher
+
+    layout = cluster.local_layout(workers=2)
+
+    def members() -> list[launcher.Member]:
+        env0 = {"TF_CONFIG": layout.tf_config("worker", 0)}
+        return [
+            launcher.Member("worker 0", "tasks.cluster_server", env0, server=True),
+            # Hangs without ever announcing itself, as a worker stuck before connecting would.
+            launcher.Member("worker 1", "tests.tasks.echo_program"),
+        ]
+
+    started = time.monotonic()
+    with pytest.raises(launcher.ChildProcessFailed, match="worker 1 .*never came up"):
+        launcher.run_cluster(members, "worker 1", {"sleep": 600})
+    elapsed = time.monotonic() - started
+    assert elapsed < launcher.READY_TIMEOUT_SECONDS + 60  # TF import of worker 0 + the bound
+    assert cluster_children() == []
+
+
+def test_central_storage_trains_a_model_without_random_layers(tf_runtime, tmp_path):
+    from tasks.datasets import prepare_dataset
+    from tasks.training import train
+
+    spec = load_spec("digits")
+    spec = dataclasses.replace(
+        spec,
+        model=ModelSpec("mlp", {"hidden_units": [64], "dropout": 0.0}),
+        training=dataclasses.replace(
+            spec.training, strategy="central_storage", replicas=2, epochs=2, batch_size=64
+        ),
+    )
+    result = train(spec, prepare_dataset(spec.dataset), tmp_path)
+    assert result.num_replicas == 2
+    assert losses(result.history)[-1] < losses(result.history)[0]
+    assert Path(result.model_path).is_file()
+
+
+def test_central_storage_refuses_random_layers_before_training(tf_runtime, tmp_path):
+    from tasks.datasets import prepare_dataset
+    from tasks.training import train
+
+    spec = load_spec("mnist")  # its CNN has Dropout
+    spec = dataclasses.replace(
+        spec, training=dataclasses.replace(spec.training, strategy="central_storage")
+    )
+    with pytest.raises(ValueError, match="cannot train layers that draw random numbers"):
+        train(spec, prepare_dataset(spec.dataset), tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
