@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 from pipelines.spec import list_pipelines, load_spec
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(parser, args)
     if args.command == "list":
         return _list()
+    if args.command == "serve":
+        return _serve(parser, args)
     return _compare(args)
 
 
@@ -73,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
     run.add_argument("--strategy", choices=list(STRATEGIES))
     run.add_argument("--replicas", type=int, choices=REPLICA_CHOICES)
+    run.add_argument("--workers", type=int, choices=WORKER_CHOICES)
+    run.add_argument("--ps", type=int, choices=PS_CHOICES)
+    run.add_argument(
+        "--cluster", help='standing parameter-server cluster, JSON {"worker": [...], "ps": [...]}'
+    )
     run.add_argument("--loop", choices=list(LOOPS))
     run.add_argument("--epochs", type=int)
     run.add_argument("--batch-size", type=int)
@@ -92,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("list", help="list the pipelines and their schedules")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run a standing TensorFlow server (a parameter-server cluster's worker or ps)",
+        description="Serve task INDEX of JOB in CLUSTER until killed. Without --cluster, read "
+        "the cluster and the task from $TF_CONFIG (as Kubeflow's TFJob sets it).",
+    )
+    serve.add_argument("--job", choices=["worker", "ps"])
+    serve.add_argument("--index", type=int, default=0)
+    serve.add_argument("--cluster", help='JSON {"worker": ["host:port", ...], "ps": [...]}')
 
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
@@ -139,6 +156,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         for key in (
             "strategy",
             "replicas",
+            "workers",
+            "ps",
+            "cluster",
             "loop",
             "epochs",
             "batch_size",
@@ -154,6 +174,27 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from pipelines.runner import run_pipeline
 
     return run_pipeline(args.pipeline, conf)
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import os
+
+    from pipelines.spec import SpecError, parse_cluster
+    from tasks import cluster_server
+
+    if args.cluster is None:
+        if "TF_CONFIG" not in os.environ:
+            parser.error("serve needs --job and --cluster, or $TF_CONFIG")
+        cluster_server.serve_from_tf_config(os.environ["TF_CONFIG"])
+        return 0
+    if args.job is None:
+        parser.error("serve --cluster needs --job")
+    try:
+        jobs = parse_cluster(args.cluster, "--cluster")
+        cluster_server.serve(jobs, args.job, args.index)
+    except (SpecError, ValueError) as error:
+        parser.error(str(error))
+    return 0
 
 
 def _list() -> int:

@@ -73,6 +73,16 @@ def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "title": "Parameter servers",
             "description": "Parameter-server processes for `parameter_server`.",
         },
+        "cluster": {
+            "default": training.cluster,
+            "type": "string",
+            "title": "Standing cluster",
+            "description": (
+                'parameter_server only: standing servers as JSON {"worker": ["host:port"], '
+                '"ps": ["host:port"]} (started with `stratoflow serve`); empty: launch local '
+                "processes, or use $STRATOFLOW_CLUSTER."
+            ),
+        },
         "loop": {
             "default": training.loop,
             "type": "string",

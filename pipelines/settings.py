@@ -15,6 +15,8 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR_ENV = "STRATOFLOW_HOME"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DATA_DIR_ENV = "TFDS_DATA_DIR"
+# A deployment's standing parameter-server cluster (JSON), used when a run's `cluster` is empty.
+CLUSTER_ENV = "STRATOFLOW_CLUSTER"
 
 
 def state_dir() -> Path:
@@ -39,6 +41,11 @@ def artifact_root() -> Path:
 def data_dir() -> Path:
     """The TFDS data dir: `$TFDS_DATA_DIR`, else `tensorflow_datasets/` in the state dir."""
     return Path(os.environ.get(DATA_DIR_ENV) or state_dir() / "tensorflow_datasets").resolve()
+
+
+def standing_cluster() -> str:
+    """`$STRATOFLOW_CLUSTER`: the standing parameter-server cluster of this deployment, or ""."""
+    return os.environ.get(CLUSTER_ENV, "")
 
 
 def run_dir(dag_id: str, run_id: str) -> Path:

@@ -8,6 +8,7 @@ field, so a typo fails at DAG parse time with a message, not in the middle of a 
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class TrainingConfig:
         replicas: replicas for `mirrored`/`central_storage` on a CPU-only host (logical CPUs).
         workers: worker processes for `multi_worker_mirrored` and `parameter_server`.
         ps: parameter-server processes for `parameter_server`.
+        cluster: standing servers for `parameter_server`, as JSON
+            `{"worker": ["host:port", ...], "ps": ["host:port", ...]}` (run with
+            `stratoflow serve`); empty: this task launches local ones (or `$STRATOFLOW_CLUSTER`).
         loop: "custom" (stratoflow's loop) or "fit" (Keras model.fit).
         epochs: passes over the training split.
         batch_size: the global batch, split across replicas.
@@ -73,6 +77,7 @@ class TrainingConfig:
     replicas: int = 2
     workers: int = 2
     ps: int = 1
+    cluster: str = ""
     loop: str = "custom"
     epochs: int = 5
     batch_size: int = 64
@@ -177,6 +182,14 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
                 f"{where}.{key} {getattr(training, key)!r} is not allowed; "
                 f"allowed: {', '.join(map(str, choices))}"
             )
+    if training.cluster:
+        parse_cluster(training.cluster, f"{where}.cluster")
+        if training.strategy != "parameter_server":
+            raise SpecError(
+                f"{where}.cluster (standing servers) applies to strategy 'parameter_server' only; "
+                "multi_worker_mirrored across hosts runs the worker entrypoint on every host "
+                "with its TF_CONFIG (README: Several machines)"
+            )
     if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
         fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
         raise SpecError(
@@ -200,6 +213,26 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
             f"{where}.batch_size {training.batch_size} must be divisible by workers "
             f"{training.workers}: the global batch is split evenly across workers"
         )
+
+
+def parse_cluster(text: str, where: str = "cluster") -> dict[str, list[str]]:
+    """Parse and check a standing cluster spec: JSON with `worker` and `ps` lists of host:port."""
+    try:
+        jobs = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(jobs, dict) or not jobs.get("worker") or not jobs.get("ps"):
+        raise SpecError(
+            f'{where} must be a JSON object like {{"worker": ["host:port"], "ps": ["host:port"]}}'
+        )
+    for job, addresses in jobs.items():
+        if job not in ("worker", "ps"):
+            raise SpecError(f"{where}: unknown job {job!r}; allowed: worker, ps")
+        for address in addresses if isinstance(addresses, list) else [addresses]:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit():
+                raise SpecError(f"{where}: {job} address {address!r} is not host:port")
+    return {job: list(addresses) for job, addresses in jobs.items()}
 
 
 def override_training(training: TrainingConfig, overrides: dict[str, Any]) -> TrainingConfig:

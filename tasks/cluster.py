@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.spec import TrainingConfig, parse_cluster
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -60,21 +62,39 @@ TRAINING_MODULE = "tasks.training_worker"
 SERVER_MODULE = "tasks.cluster_server"
 
 
-def training_members(strategy: str, workers: int, ps: int) -> tuple[Callable[[], list[Any]], str]:
+class ClusterUnreachableError(RuntimeError):
+    """A standing cluster server does not accept connections."""
+
+
+def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]], str]:
     """The processes a training run needs, and which one's result is the run's result.
 
     Returns:
         A function making the members (fresh ports each call, for the launcher's retry on a port
         clash) and the name of the member that reports the result.
+
+    Raises:
+        ClusterUnreachableError: a server of the run's standing cluster does not answer.
     """
     from pipelines.options import STRATEGIES
     from tasks.launcher import Member
 
-    traits = STRATEGIES[strategy]
+    traits = STRATEGIES[training.strategy]
+    if traits.uses_ps and training.cluster:
+        standing = parse_cluster(training.cluster)
+        check_reachable(standing)
+
+        # Only the coordinator is ours: the workers and ps are already serving.
+        def coordinator_only() -> list[Member]:
+            chief = f"{os.environ.get('STRATOFLOW_COORDINATOR_HOST', LOOPBACK)}:{free_ports(1)[0]}"
+            layout = ClusterLayout({**standing, "chief": [chief]})
+            return [Member("coordinator", TRAINING_MODULE, _env(layout, "chief", 0))]
+
+        return coordinator_only, "coordinator"
     if traits.uses_ps:
         # This task's child coordinates; workers and ps are plain `tf.distribute.Server`s.
         def parameter_server_cluster() -> list[Member]:
-            layout = local_layout(workers, ps, chief=True)
+            layout = local_layout(training.workers, training.ps, chief=True)
             servers = [
                 Member(f"{job} {index}", SERVER_MODULE, _env(layout, job, index), server=True)
                 for job, index in layout.members()
@@ -86,14 +106,29 @@ def training_members(strategy: str, workers: int, ps: int) -> tuple[Callable[[],
     if traits.uses_workers:
         # Every worker runs the same training program; worker 0 is the chief.
         def multi_worker_cluster() -> list[Member]:
-            layout = local_layout(workers)
+            layout = local_layout(training.workers)
             return [
                 Member(f"worker {index}", TRAINING_MODULE, _env(layout, "worker", index))
-                for index in range(workers)
+                for index in range(training.workers)
             ]
 
         return multi_worker_cluster, "worker 0"
     return (lambda: [Member("training process", TRAINING_MODULE)]), "training process"
+
+
+def check_reachable(jobs: dict[str, list[str]], timeout_seconds: float = 5.0) -> None:
+    """Fail fast, naming the server, if a standing cluster member does not accept a connection."""
+    for job, addresses in jobs.items():
+        for index, address in enumerate(addresses):
+            host, _, port = address.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=timeout_seconds).close()
+            except OSError as error:
+                raise ClusterUnreachableError(
+                    f"standing cluster server {job} {index} at {address} is unreachable "
+                    f"({error}); start it with `stratoflow serve --job {job} --index {index} "
+                    "--cluster ...` or fix the run's cluster setting"
+                ) from None
 
 
 def _env(layout: ClusterLayout, job: str, index: int) -> dict[str, str]:
@@ -115,3 +150,9 @@ def this_process_is_chief() -> bool:
         and int(task.get("index", 0)) == 0
         and "chief" not in config["cluster"]
     )
+
+
+def workers_in_cluster() -> int:
+    """How many workers this process's TF_CONFIG names (1 without a cluster)."""
+    raw = os.environ.get("TF_CONFIG")
+    return len(json.loads(raw)["cluster"].get("worker", [])) or 1 if raw else 1

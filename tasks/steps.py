@@ -44,7 +44,15 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         raise SpecError(
             f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
         )
-    return replace(spec, training=override_training(spec.training, dict(params)))
+    overrides = dict(params)
+    strategy = overrides.get("strategy", spec.training.strategy)
+    if (
+        strategy == "parameter_server"
+        and not overrides.get("cluster")
+        and settings.standing_cluster()
+    ):
+        overrides["cluster"] = settings.standing_cluster()
+    return replace(spec, training=override_training(spec.training, overrides))
 
 
 def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str, Any]:
@@ -85,9 +93,7 @@ def train(
         "tracking_uri": settings.tracking_uri(),
         "mlflow_run_id": mlflow_run_id,
     }
-    members, result_from = cluster.training_members(
-        spec.training.strategy, spec.training.workers, spec.training.ps
-    )
+    members, result_from = cluster.training_members(spec.training)
     result = launcher.run_cluster(members, result_from, payload)
     tracking.set_tags(
         mlflow_run_id,

@@ -24,8 +24,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from pipelines.options import STRATEGIES
 from pipelines.spec import PipelineSpec
+from tasks.cluster import workers_in_cluster
 from tasks.datasets import DatasetRef, load_split
 from tasks.launcher import READY_MARKER
 from tasks.models import build_model
@@ -171,7 +171,7 @@ def train(
         strategy=training.strategy,
         loop=training.loop,
         num_replicas=replicas,
-        num_workers=training.workers if STRATEGIES[training.strategy].uses_workers else 1,
+        num_workers=workers_in_cluster(),
         global_batch_size=training.batch_size,
         epochs=training.epochs,
         resumed_from_epoch=start_epoch,

@@ -1,0 +1,138 @@
+"""A parameter-server run against standing servers the test starts with `stratoflow serve`
+(as docker-compose or Kubernetes would), and the TF_CONFIG contract of the entrypoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tasks import cluster
+from tasks.launcher import READY_MARKER
+from tasks.steps import AirflowRun
+
+STRATOFLOW = str(Path(sys.executable).parent / "stratoflow")
+
+
+def start_server(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [STRATOFLOW, "serve", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_ready(server: subprocess.Popen[str], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.strip() == READY_MARKER:
+            return
+        assert time.monotonic() < deadline, "server did not come up"
+    raise AssertionError(f"server exited with {server.wait()}")
+
+
+@pytest.fixture(scope="module")
+def standing_cluster():
+    layout = cluster.local_layout(workers=2, ps=1)
+    jobs = json.dumps(layout.jobs)
+    servers = [
+        # Two servers told by flags, one by TF_CONFIG alone (the Kubeflow TFJob contract).
+        start_server(["--job", "worker", "--index", "0", "--cluster", jobs], {}),
+        start_server(["--job", "worker", "--index", "1", "--cluster", jobs], {}),
+        start_server([], {"TF_CONFIG": layout.tf_config("ps", 0)}),
+    ]
+    try:
+        for server in servers:
+            wait_ready(server)
+        yield layout, servers
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+def test_parameter_server_training_uses_the_standing_servers(tf_runtime, standing_cluster):
+    from tasks import steps, tracking
+
+    layout, servers = standing_cluster
+    run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
+    params = {"strategy": "parameter_server", "cluster": json.dumps(layout.jobs), "epochs": 3}
+    dataset = steps.prepare("digits", params, run)
+    trained = steps.train("digits", params, run, dataset)
+
+    assert trained["num_workers"] == 2
+    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]
+    assert all(server.poll() is None for server in servers)  # standing: still serving
+    ours = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "tasks.training_worker" in " ".join(child.cmdline())
+    ]
+    assert ours == []  # the task launched only its coordinator, and it is gone
+
+
+def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime):
+    from tasks import steps
+
+    closed_port = cluster.free_ports(1)[0]
+    jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
+    run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
+    params = {"strategy": "parameter_server", "cluster": json.dumps(jobs)}
+    dataset = steps.prepare("digits", params, run)
+    started = time.monotonic()
+    with pytest.raises(cluster.ClusterUnreachableError, match=r"worker 0 at 127\.0\.0\.1:\d+"):
+        steps.train("digits", params, run, dataset)
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    ("tf_config", "chief"),
+    [
+        (None, True),
+        ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}, True),
+        ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}, False),
+        (
+            {
+                "cluster": {"chief": ["c:1"], "worker": ["a:1"]},
+                "task": {"type": "worker", "index": 0},
+            },
+            False,
+        ),
+        (
+            {
+                "cluster": {"chief": ["c:1"], "worker": ["a:1"]},
+                "task": {"type": "chief", "index": 0},
+            },
+            True,
+        ),
+    ],
+)
+def test_the_training_entrypoint_finds_its_role_in_tf_config(monkeypatch, tf_config, chief):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert cluster.this_process_is_chief() is chief
+
+
+def test_serve_refuses_a_task_outside_its_cluster():
+    jobs = json.dumps({"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]})
+    result = subprocess.run(
+        [STRATOFLOW, "serve", "--job", "ps", "--index", "3", "--cluster", jobs],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "task ps:3 is not in the cluster" in result.stderr
