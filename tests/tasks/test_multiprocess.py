@@ -202,7 +202,7 @@ def test_central_storage_refuses_random_layers_before_training(tf_runtime, tmp_p
     from tasks.datasets import prepare_dataset
     from tasks.training import train
 
-    spec = load_spec("mnist")  # its CNN has Dropout
+    spec = load_spec("digits")  # its MLP has Dropout
     spec = dataclasses.replace(
         spec, training=dataclasses.replace(spec.training, strategy="central_storage")
     )
