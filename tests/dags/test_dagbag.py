@@ -162,6 +162,7 @@ def test_params_offer_every_training_setting_with_choices(
         "replicas",
         "workers",
         "ps",
+        "cluster",
         "loop",
         "epochs",
         "batch_size",

@@ -209,3 +209,33 @@ def test_central_storage_refuses_random_layers_before_training(tf_runtime, tmp_p
     with pytest.raises(ValueError, match="cannot train layers that draw random numbers"):
         train(spec, prepare_dataset(spec.dataset), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
+    """The first layout's ps port is taken by another process: TF's server cannot bind it."""
+    import socket
+
+    from tasks import cluster, launcher
+
+    blocker = socket.socket()
+    blocker.bind(("", 0))
+    blocker.listen()
+    layouts: list[cluster.ClusterLayout] = []
+
+    def members() -> list[launcher.Member]:
+        port = blocker.getsockname()[1] if not layouts else cluster.free_ports(1)[0]
+        layouts.append(cluster.ClusterLayout({"ps": [f"127.0.0.1:{port}"]}))
+        env = {"TF_CONFIG": layouts[-1].tf_config("ps", 0)}
+        return [
+            launcher.Member("ps 0", "tasks.cluster_server", env, server=True),
+            # Outlives the ps's start-up, so a clash is seen before the result is in.
+            launcher.Member("result", "tests.tasks.echo_program"),
+        ]
+
+    try:
+        result = launcher.run_cluster(members, "result", {"value": 1, "sleep": 40})
+    finally:
+        blocker.close()
+    assert result == {"value": 2}
+    assert len(layouts) == 2
+    assert cluster_children() == []
