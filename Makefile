@@ -12,7 +12,7 @@ PIPELINE ?= mnist
 CONF ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint clean-state
+.PHONY: install run test lint bench clean-state
 
 install: $(INSTALLED)
 
@@ -27,6 +27,10 @@ run: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Benchmarks: figures and ratios, written to docs/BENCHMARKS.md (not timed tests).
+bench: $(INSTALLED)
+	$(BIN)/python -m benchmarks.run
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

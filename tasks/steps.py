@@ -99,7 +99,7 @@ def train(
         mlflow_run_id,
         {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},
     )
-    timings = {"train_seconds": result["train_seconds"]}
+    timings = {"train_seconds": result["train_seconds"], "peak_rss_mb": result["peak_rss_mb"]}
     if result["seconds_to_first_step"] is not None:
         timings["seconds_to_first_step"] = result["seconds_to_first_step"]
     tracking.log_metrics(mlflow_run_id, timings)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -64,6 +65,7 @@ class TrainingResult:
     history: list[dict[str, float]] = field(default_factory=list)
     seconds_to_first_step: float | None = None
     train_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,6 +208,7 @@ def train(
             if on_epoch_end:
                 on_epoch_end(metrics)
     result.train_seconds = time.perf_counter() - train_start
+    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     if chief:
         model.save(result.model_path)

@@ -73,7 +73,7 @@ def test_multi_worker_mirrored_matches_mirrored(tf_runtime, tmp_path):
             mwms_spec, run.dag_id, run.run_id, 1, dataset.to_dict()
         ),
     }
-    members, result_from = cluster.training_members("multi_worker_mirrored", 2, 1)
+    members, result_from = cluster.training_members(mwms_spec.training)
     result = launcher.run_cluster(members, result_from, payload)
 
     assert (result["num_workers"], result["num_replicas"]) == (2, 2)

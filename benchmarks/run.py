@@ -1,0 +1,322 @@
+"""`make bench`: stratoflow against its baselines, side by side in one invocation.
+
+Runs every comparison on the mnist pipeline's model and data, repeats, and writes the medians
+and ratios to `docs/benchmarks.json` and `docs/BENCHMARKS.md` (with the machine description and
+the targets met or missed). Figures, not timed tests: the ratios compare runs made minutes apart
+on the same machine, so shared-machine noise mostly cancels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pipelines import settings
+
+logger = logging.getLogger("benchmarks")
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+CLUSTER_REPEATS = 2
+CLUSTER_EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted
+TARGETS = {
+    "training step vs bare Keras fit": (">=", 0.97),
+    "mirrored(2) vs one_device": ("report", None),
+    "multi_worker_mirrored(2) vs single process, same threads": (">=", 0.85),
+    "parameter_server vs one_device": ("report", None),
+    "real input vs synthetic tensors": (">=", 0.95),
+    "orchestration overhead / wall time": ("<=", 0.10),
+    "peak RSS of a training process (MB)": ("<=", 1536.0),
+    "MFU (training FLOP/s / matmul FLOP/s)": (">=", 0.30),
+}
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    started = time.perf_counter()
+    home = Path(tempfile.mkdtemp(prefix="stratoflow-bench-"))
+    # A throwaway state folder and store; the TFDS data dir is shared so nothing is rebuilt.
+    os.environ.update(
+        {
+            settings.DATA_DIR_ENV: str(settings.data_dir()),
+            settings.STATE_DIR_ENV: str(home),
+            settings.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+    )
+    figures: dict[str, Any] = {}
+    logger.info("in-process benchmarks (one logical CPU, then two)")
+    figures["single"] = _in_process("single")
+    figures["mirrored"] = _in_process("mirrored")
+    logger.info("training-process runs: one_device, multi_worker_mirrored, parameter_server")
+    figures["cluster"] = _cluster_runs()
+    logger.info("a whole DAG run through Airflow")
+    figures["orchestration"] = _orchestration()
+    figures["bench_seconds"] = time.perf_counter() - started
+    rows = _rows(figures)
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "benchmarks.json").write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
+    (DOCS / "BENCHMARKS.md").write_text(_markdown(figures, rows))
+    sys.stdout.write(_table(rows) + f"\nwritten: {DOCS / 'BENCHMARKS.md'}\n")
+
+
+def _in_process(mode: str) -> dict[str, Any]:
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.in_process", mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    return dict(json.loads(output.strip().splitlines()[-1]))
+
+
+def _cluster_runs() -> dict[str, Any]:
+    from tasks import steps, tracking
+
+    variants = {
+        # Same total threads: one process with 2 intra-op threads vs 2 workers with 1 each.
+        "one_device": ({"strategy": "one_device"}, {"TF_NUM_INTRAOP_THREADS": "2"}),
+        "multi_worker_mirrored": (
+            {"strategy": "multi_worker_mirrored", "workers": 2},
+            {"TF_NUM_INTRAOP_THREADS": "1"},
+        ),
+        "parameter_server": ({"strategy": "parameter_server", "workers": 2, "ps": 1}, {}),
+    }
+    figures: dict[str, Any] = {name: [] for name in variants}
+    for _ in range(CLUSTER_REPEATS):
+        for name, (params, env) in variants.items():
+            params = {**params, "epochs": CLUSTER_EPOCHS}
+            run = steps.AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
+            saved = {key: os.environ.get(key) for key in env}
+            os.environ.update(env)
+            try:
+                dataset = steps.prepare("mnist", params, run)
+                started = time.perf_counter()
+                trained = steps.train("mnist", params, run, dataset)
+                wall = time.perf_counter() - started
+            finally:
+                for key, value in saved.items():
+                    os.environ.pop(key, None) if value is None else os.environ.update({key: value})
+            client = tracking.client()
+            rates = sorted(
+                client.get_metric_history(trained["mlflow_run_id"], "examples_per_second"),
+                key=lambda m: m.step,
+            )
+            metrics = client.get_run(trained["mlflow_run_id"]).data.metrics
+            figures[name].append(
+                {
+                    "examples_per_second": statistics.median(m.value for m in rates[1:]),
+                    "task_wall_seconds": wall,
+                    "seconds_to_first_step": metrics.get("seconds_to_first_step"),
+                    "peak_rss_mb": metrics.get("peak_rss_mb"),
+                }
+            )
+    return {
+        name: {
+            key: statistics.median(run[key] for run in runs if run[key] is not None)
+            for key in runs[0]
+        }
+        for name, runs in figures.items()
+    }
+
+
+def _orchestration() -> dict[str, Any]:
+    from pipelines import runner
+    from tasks import reporting, tracking
+
+    home = runner.airflow_home()
+    runner.ensure_airflow_db(home, runner.airflow_env(home))  # one-off set-up, not per run
+    started = time.perf_counter()
+    code = runner.run_pipeline("mnist", {})
+    wall = time.perf_counter() - started
+    if code:
+        raise RuntimeError("the benchmark's DAG run failed")
+    summary = reporting.describe_dag_run("mnist", "retrain_mnist")
+    metrics = tracking.client().get_run(summary["mlflow_run_id"]).data.metrics
+    with sqlite3.connect(home / "airflow.db") as db:
+        tasks = dict(
+            db.execute(
+                "SELECT task_id, duration FROM task_instance WHERE dag_id = 'retrain_mnist' "
+                "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = 'retrain_mnist' "
+                "ORDER BY id DESC LIMIT 1)"
+            ).fetchall()
+        )
+    return {
+        "wall_seconds": wall,
+        "task_seconds": tasks,
+        "train_seconds": metrics.get("train_seconds"),
+        "seconds_to_first_step": metrics.get("seconds_to_first_step"),
+        "peak_rss_mb": metrics.get("peak_rss_mb"),
+        "test_accuracy": metrics.get("test_accuracy"),
+    }
+
+
+def _rows(figures: dict[str, Any]) -> list[dict[str, Any]]:
+    single, cluster, orchestration = figures["single"], figures["cluster"], figures["orchestration"]
+    achieved = single["stratoflow_examples_per_second"] * single["training_flops_per_example"]
+    tasks_total = sum(orchestration["task_seconds"].values())
+    peak_rss = max(
+        value
+        for value in [
+            orchestration["peak_rss_mb"],
+            *(run["peak_rss_mb"] for run in cluster.values()),
+        ]
+        if value
+    )
+    ratios = {
+        "training step vs bare Keras fit": single["stratoflow_examples_per_second"]
+        / single["keras_fit_examples_per_second"],
+        "mirrored(2) vs one_device": figures["mirrored"]["mirrored_examples_per_second"]
+        / single["stratoflow_examples_per_second"],
+        "multi_worker_mirrored(2) vs single process, same threads": cluster[
+            "multi_worker_mirrored"
+        ]["examples_per_second"]
+        / cluster["one_device"]["examples_per_second"],
+        "parameter_server vs one_device": cluster["parameter_server"]["examples_per_second"]
+        / cluster["one_device"]["examples_per_second"],
+        "real input vs synthetic tensors": single["real_input_examples_per_second"]
+        / single["synthetic_input_examples_per_second"],
+        "orchestration overhead / wall time": (orchestration["wall_seconds"] - tasks_total)
+        / orchestration["wall_seconds"],
+        "peak RSS of a training process (MB)": peak_rss,
+        "MFU (training FLOP/s / matmul FLOP/s)": achieved / single["matmul_flops_per_second"],
+    }
+    rows = []
+    for name, value in ratios.items():
+        op, bound = TARGETS[name]
+        verdict = (
+            "-"
+            if bound is None
+            else ("pass" if (value >= bound if op == ">=" else value <= bound) else "miss")
+        )
+        rows.append(
+            {
+                "comparison": name,
+                "value": value,
+                "target": f"{op} {bound}" if bound else "-",
+                "verdict": verdict,
+            }
+        )
+    return rows
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'comparison':<58} {'value':>9} {'target':>9}  verdict"]
+    lines += [
+        f"{r['comparison']:<58} {r['value']:>9.3f} {r['target']:>9}  {r['verdict']}" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    memory_kb = next(
+        int(line.split()[1])
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal")
+    )
+    from importlib.metadata import version
+
+    return (
+        f"{model}, {os.cpu_count()} cores, {memory_kb / 2**20:.0f} GiB, no GPU; Python "
+        f"{platform.python_version()}, tensorflow-cpu {version('tensorflow-cpu')}, keras "
+        f"{version('keras')}, apache-airflow {version('apache-airflow')}, "
+        f"mlflow {version('mlflow')}"
+    )
+
+
+def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    single, cluster, orchestration = figures["single"], figures["cluster"], figures["orchestration"]
+    table = ["| comparison | value | target | verdict |", "|---|---|---|---|"]
+    table += [
+        f"| {r['comparison']} | {r['value']:.3f} | {r['target']} | {r['verdict']} |" for r in rows
+    ]
+    params = 225_034  # small_cnn: conv 320 + 18,496, dense 204,928 + 1,290
+    step_seconds = 64 / single["stratoflow_examples_per_second"]
+    gradient_mb = params * 4 / 1e6
+    return "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            f"Written by `make bench` on {time.strftime('%Y-%m-%d')} in "
+            f"{figures['bench_seconds']:.0f} s.",
+            f"Machine: {_machine()}.",
+            "",
+            "Model and data: the mnist pipeline (small_cnn, 4,000 training digits, "
+            "global batch 64).",
+            "Medians of repeated runs, each after a warm-up epoch (tracing) that is not counted.",
+            "",
+            *table,
+            "",
+            "## Figures",
+            "",
+            f"- custom loop one_device: {single['stratoflow_examples_per_second']:.0f} examples/s; "
+            f"bare Keras fit: {single['keras_fit_examples_per_second']:.0f}; mirrored(2): "
+            f"{figures['mirrored']['mirrored_examples_per_second']:.0f}",
+            f"- real TFDS input: {single['real_input_examples_per_second']:.0f} examples/s; "
+            "synthetic "
+            f"in-memory tensors: {single['synthetic_input_examples_per_second']:.0f}",
+            f"- training process runs (task API, {CLUSTER_EPOCHS} epochs, median of "
+            f"{CLUSTER_REPEATS}): "
+            + "; ".join(
+                f"{name} {run['examples_per_second']:.0f} examples/s, "
+                f"task {run['task_wall_seconds']:.0f} s, "
+                f"first step after {run['seconds_to_first_step']:.1f} s, "
+                f"peak RSS {run['peak_rss_mb']:.0f} MB"
+                for name, run in cluster.items()
+            ),
+            f"- training step: {single['training_flops_per_example'] / 1e6:.1f} MFLOP per example "
+            f"(3 x forward); matmul {single['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s",
+            "- whole DAG run (`airflow dags test`, default mnist): "
+            f"{orchestration['wall_seconds']:.0f} s; "
+            "tasks: "
+            + ", ".join(
+                f"{task} {seconds:.1f} s" for task, seconds in orchestration["task_seconds"].items()
+            )
+            + f"; training itself {orchestration['train_seconds']:.1f} s; first step "
+            f"{orchestration['seconds_to_first_step']:.1f} s after the training process started; "
+            f"test accuracy {orchestration['test_accuracy']:.3f}",
+            "",
+            "## Scaling on paper",
+            "",
+            f"One synchronous step of this model moves its gradients once: {params:,} float32 "
+            f"parameters = {gradient_mb:.2f} MB. A ring all-reduce over N workers sends "
+            f"2(N-1)/N of that per worker: {2 * gradient_mb:.2f} MB at large N. The measured step "
+            f"takes {step_seconds * 1e3:.1f} ms on this host, so on a 10 Gb/s network "
+            f"(~1.2 GB/s) the all-reduce costs ~{2 * gradient_mb / 1.2:.1f} ms per step, "
+            f"{2 * gradient_mb / 1.2 / (step_seconds * 1e3) * 100:.0f} % of a step: "
+            "multi-worker mirrored across hosts pays off for this model once each host "
+            "computes a step at least as fast as here, and more so with larger per-worker batches "
+            "(the communication is per step, the compute per example). On one 2-core host, "
+            "several workers only split the same two cores, so the ratio above is the overhead "
+            "of the cluster, not a speed-up. Parameter-server training sends each worker's "
+            "gradients to the ps and pulls the weights back every step (2 x the model per step "
+            "per worker through the ps), so the ps link saturates first; it pays off when "
+            "workers are many, heterogeneous or preemptible, not for raw speed.",
+            "",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
