@@ -309,16 +309,18 @@ class _CustomLoopEpoch:
         self.train_step = _make_train_step(strategy, step_fn, from_iterator=False)
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
-        total_loss = total_correct = 0.0
+        # Sums stay tensors: reading a value each step would stall the host on every step.
+        total_loss = total_correct = tf.constant(0.0)
         steps = 0
         for batch in self.strategy.experimental_distribute_dataset(self.epoch_batches(epoch)):
             loss, correct = self.train_step(batch)
             if not steps:
+                loss.numpy()
                 first_step_done()
-            total_loss += float(loss)
-            total_correct += float(correct)
+            total_loss += loss
+            total_correct += correct
             steps += 1
-        return total_loss / steps, total_correct / (steps * self.global_batch_size)
+        return float(total_loss) / steps, float(total_correct) / (steps * self.global_batch_size)
 
 
 class _ParameterServerEpoch:
