@@ -146,11 +146,15 @@ def train(
         # A parameter-server worker builds its input itself: a dataset made here cannot be
         # shipped to it ("Unable to parse tensor proto").
         examples = load_split(dataset, "train").cache() if remote_input else train_examples
+        seed: Any = training.seed + epoch
+        if remote_input:
+            # Every PS worker runs this same function with no worker index, so a fixed seed
+            # would give them identical batch orders (each batch trained twice, half the split
+            # never): draw each worker's order from its own clock instead.
+            seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
         return (
             examples.shuffle(
-                dataset.split_sizes["train"],
-                seed=training.seed + epoch,
-                reshuffle_each_iteration=False,
+                dataset.split_sizes["train"], seed=seed, reshuffle_each_iteration=False
             )
             .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
             .with_options(shard_by_data)
@@ -326,9 +330,9 @@ class _CustomLoopEpoch:
 class _ParameterServerEpoch:
     """One epoch of asynchronous training: `steps` steps, each run by whichever worker is free.
 
-    Each worker iterates its own copy of the epoch's shuffled batches (`create_per_worker_dataset`)
-    and one step is one worker's whole global batch; an epoch is a fixed number of steps, so the
-    examples it sees are about one pass of the training split, not exactly one.
+    Each worker iterates its own, independently shuffled copy of the training split
+    (`create_per_worker_dataset`) and one step is one worker's whole global batch; an epoch is
+    `train examples // batch_size` steps, so it sees about one pass of the split, not exactly one.
     """
 
     def __init__(
