@@ -88,11 +88,17 @@ def wait_http(url: str, timeout: float = 240, headers: Mapping[str, str] | None 
 
 
 def request(
-    url: str, data: Any = None, headers: Mapping[str, str] | None = None
+    url: str,
+    data: Any = None,
+    headers: Mapping[str, str] | None = None,
+    method: str | None = None,
 ) -> tuple[int, bytes]:
     body = None if data is None else json.dumps(data).encode()
     req = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "application/json", **(headers or {})}
+        url,
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method=method,
     )
     try:
         with urllib.request.urlopen(req, timeout=60) as response:
@@ -244,6 +250,15 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
     passwords = tmp_path / "auth" / "passwords.json"
     assert json.loads(passwords.read_text()) == {"admin": SECRETS["AIRFLOW_ADMIN_PASSWORD"]}
     assert passwords.stat().st_mode & 0o077 == 0, "the passwords file is readable by others"
+    # What the dag-processor service does: parse the DAGs into the DB.
+    parsed = subprocess.run(
+        [str(BIN / "airflow"), "dags", "reserialize"],
+        env={**base, **service_env("airflow-dag-processor", replace)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert parsed.returncode == 0, f"dags reserialize failed:\n{parsed.stderr[-3000:]}"
 
     with running(
         [str(BIN / "airflow"), "api-server", "--port", str(port), "--host", "127.0.0.1"],
@@ -262,8 +277,17 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         )
         assert status == 201, f"admin login answered {status}: {body[:300]!r}"
         token = json.loads(body)["access_token"]
-        status, body = request(f"{url}/api/v2/dags", headers={"Authorization": f"Bearer {token}"})
+        auth = {"Authorization": f"Bearer {token}"}
+        status, body = request(f"{url}/api/v2/dags", headers=auth)
         assert status == 200, f"GET /api/v2/dags with the admin's token answered {status}"
+        # The README's step 4: unpause, then trigger a parameter-server run.
+        dag = f"{url}/api/v2/dags/retrain_digits"
+        status, body = request(dag, {"is_paused": False}, auth, method="PATCH")
+        assert status == 200 and json.loads(body)["is_paused"] is False, (status, body[:300])
+        conf = {"strategy": "parameter_server", "epochs": 3}
+        status, body = request(f"{dag}/dagRuns", {"logical_date": None, "conf": conf}, auth)
+        assert status == 200, f"triggering retrain_digits answered {status}: {body[:300]!r}"
+        assert json.loads(body)["conf"] == conf
 
 
 def test_mlflow_server_with_the_compose_flags(databases: Postgres, tmp_path: Path) -> None:
