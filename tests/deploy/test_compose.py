@@ -10,6 +10,7 @@ compose config` runs too where the compose plugin is installed.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import shutil
@@ -463,6 +464,17 @@ def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
         *pyproject["tool"]["setuptools"]["packages"]["find"]["include"],
     ):
         assert needed.rstrip("*") in copied, f"Dockerfile: {needed} is not copied into the image"
+    ignored = [
+        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    for line in instructions:
+        if line.upper().startswith("COPY "):
+            for source in [arg for arg in line.split()[1:-1] if not arg.startswith("--")]:
+                excluded = [rule for rule in ignored if fnmatch.fnmatch(source, rule)]
+                assert not excluded, (
+                    f".dockerignore {excluded} drops {source}, which the image needs"
+                )
     assert re.search(r"pip install [^\n]*\s\.\s*$", text, re.MULTILINE), (
         "Dockerfile: the project is not installed (`pip install ... .`)"
     )
