@@ -31,6 +31,15 @@ class AirflowRun:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_context(cls, context: Any) -> AirflowRun:
+        """The DAG run of an Airflow task context (`dag`, `run_id`, `ti`)."""
+        return cls(
+            dag_id=context["dag"].dag_id,
+            run_id=context["run_id"],
+            try_number=context["ti"].try_number,
+        )
+
 
 def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     """The pipeline spec with the run's Params applied to its training defaults, validated.
