@@ -36,11 +36,7 @@ def dag_id_for(pipeline: str) -> str:
 def _airflow_run(context: Any) -> Any:
     from tasks.steps import AirflowRun
 
-    return AirflowRun(
-        dag_id=context["dag"].dag_id,
-        run_id=context["run_id"],
-        try_number=context["ti"].try_number,
-    )
+    return AirflowRun.from_context(context)
 
 
 def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:

@@ -4,6 +4,7 @@
     stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
     stratoflow list
     stratoflow compare mnist --limit 10 [--json]
+    stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
 
 Choices come from `pipelines.options`, so a typo is refused before Airflow starts. Tables and
 summaries go to stdout; progress and errors are logged to stderr.
@@ -57,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _list()
     if args.command == "serve":
         return _serve(parser, args)
+    if args.command == "benchmark":
+        return _benchmark(parser, args)
     return _compare(args)
 
 
@@ -110,6 +113,25 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--index", type=int, default=0)
     serve.add_argument("--cluster", help='JSON {"worker": ["host:port", ...], "ps": [...]}')
 
+    benchmark = commands.add_parser(
+        "benchmark",
+        help="train briefly under every strategy this host can run and recommend one",
+        description="Run a pipeline's strategy benchmark DAG once with `airflow dags test`, then "
+        "print the comparison table and the recommended strategy. Registers no model.",
+    )
+    benchmark.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    benchmark.add_argument("--epochs", type=int, help="epochs per strategy")
+    benchmark.add_argument("--seed", type=int)
+    benchmark.add_argument(
+        "--strategies",
+        type=_strategy_list,
+        help="comma-separated strategies (default: every one this host can run)",
+    )
+    benchmark.add_argument(
+        "--tolerance", type=float, help="accuracy tolerance of the recommendation rule (0.01)"
+    )
+    benchmark.add_argument("--conf", default="{}", help="the benchmark's Params as a JSON object")
+
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
     compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
@@ -123,6 +145,16 @@ def _pipeline_name(value: str) -> str:
             f"unknown pipeline {value!r}; available: {', '.join(list_pipelines())}"
         )
     return value
+
+
+def _strategy_list(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {unknown[0]!r}; allowed: {', '.join(STRATEGIES)}"
+        )
+    return names
 
 
 def _positive_int(value: str) -> int:
@@ -174,6 +206,17 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from pipelines.runner import run_pipeline
 
     return run_pipeline(args.pipeline, conf)
+
+
+def _benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    flags = {key: getattr(args, key) for key in ("epochs", "seed", "strategies", "tolerance")}
+    try:
+        conf = build_conf(args.conf, flags)
+    except ValueError as error:
+        parser.error(str(error))
+    from pipelines.runner import run_benchmark
+
+    return run_benchmark(args.pipeline, conf)
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

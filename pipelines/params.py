@@ -130,3 +130,53 @@ def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "description": "Move the `champion` alias when the evaluation gate passes.",
         },
     }
+
+
+BENCHMARK_DEFAULT_EPOCHS = 3
+BENCHMARK_DEFAULT_TOLERANCE = 0.01
+
+
+def benchmark_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    """The Param keyword arguments of the strategy-benchmark DAG of `spec`.
+
+    Every strategy trains the spec's model with the spec's batch size and learning rate; these
+    Params choose how long (`epochs`), the `seed`, which `strategies` (empty: every one this host
+    can run) and the accuracy `tolerance` of the recommendation rule.
+
+    Returns:
+        A mapping from Param name to the keyword arguments of `airflow.sdk.Param`.
+    """
+    training = dag_params(spec)
+    return {
+        "epochs": {
+            **training["epochs"],
+            "default": BENCHMARK_DEFAULT_EPOCHS,
+            "description": (
+                "Passes over the training split per strategy; throughput is the median over "
+                "the epochs after the first."
+            ),
+        },
+        "seed": training["seed"],
+        "strategies": {
+            "default": [],
+            "type": "array",
+            "items": {"type": "string", "enum": list(STRATEGIES)},
+            "uniqueItems": True,
+            "title": "Strategies",
+            "description": (
+                "Strategies to benchmark; empty: every strategy this host can run. A named "
+                "strategy this host cannot run is reported as failed, with the reason."
+            ),
+        },
+        "tolerance": {
+            "default": BENCHMARK_DEFAULT_TOLERANCE,
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "title": "Accuracy tolerance",
+            "description": (
+                "The recommendation is the fastest strategy whose final test accuracy is at "
+                "most this far below the best one's."
+            ),
+        },
+    }

@@ -16,19 +16,20 @@ import os
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from pipelines import settings
-from pipelines.params import dag_params
+from pipelines.params import benchmark_params, dag_params
 from pipelines.spec import SpecError, list_pipelines, load_spec, override_training
 
 log = logging.getLogger(__name__)
 
 DAGS_FOLDER = settings.PROJECT_ROOT / "dags"
 DAG_ID_PREFIX = "retrain_"  # as in dags/retrain.py, which this light module must not import
+BENCHMARK_DAG_ID_PREFIX = "benchmark_strategies_"  # as in dags/benchmark_strategies.py
 # Tasks run one at a time under `dags test`; a small pool keeps other Airflow commands lean.
 PARALLELISM = 4
 
@@ -36,10 +37,19 @@ PARALLELISM = 4
 class RunError(RuntimeError):
     """The local run could not start or its DAG run failed; the message says why."""
 
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id  # the failed DAG run, if one was created
+
 
 def dag_id_for(pipeline: str) -> str:
     """The DAG id of pipeline `pipeline` (`dags/retrain.py` names its DAGs the same way)."""
     return f"{DAG_ID_PREFIX}{pipeline}"
+
+
+def benchmark_dag_id_for(pipeline: str) -> str:
+    """The DAG id of pipeline `pipeline`'s strategy benchmark (`dags/benchmark_strategies.py`)."""
+    return f"{BENCHMARK_DAG_ID_PREFIX}{pipeline}"
 
 
 def airflow_home() -> Path:
@@ -131,11 +141,27 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
+    spec = load_spec(pipeline)
+    _check_against_params(dag_params(spec), conf)
+    override_training(spec.training, dict(conf))
+
+
+def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+    """`check_conf` for the strategy-benchmark DAG's Params (epochs, seed, strategies, tolerance).
+
+    Raises:
+        SpecError: unknown pipeline, unknown key or invalid value.
+    """
+    from tasks.benchmark_steps import benchmark_spec
+
+    _check_against_params(benchmark_params(load_spec(pipeline)), conf)
+    benchmark_spec(pipeline, dict(conf))
+
+
+def _check_against_params(params: Mapping[str, Mapping[str, Any]], conf: Mapping[str, Any]) -> None:
     # Airflow's own dependency, called as `Param.resolve` calls it.
     from jsonschema import ValidationError, validate
 
-    spec = load_spec(pipeline)
-    params = dag_params(spec)
     unknown = sorted(set(conf) - set(params))
     if unknown:
         raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(params)}")
@@ -145,7 +171,6 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
             validate(value, schema)
         except ValidationError as error:
             raise SpecError(f"Invalid input for param {key}: {error.message}") from None
-    override_training(spec.training, dict(conf))
 
 
 def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
@@ -159,23 +184,54 @@ def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
         0 when the DAG run succeeded and was summarised, 1 otherwise (the reason is logged).
     """
     try:
-        if pipeline not in list_pipelines():
-            raise SpecError(
-                f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}"
-            )
-        check_conf(pipeline, conf)
-        home = airflow_home()
-        env = airflow_env(home)
-        ensure_airflow_db(home, env)
-        run_id = _dags_test(pipeline, conf, home, env)
+        run_id = _run_locally(pipeline, dag_id_for(pipeline), conf, check_conf)
     except (SpecError, RunError) as error:
         log.error("%s", error)
         return 1
     return _print_summary(pipeline, run_id)
 
 
-def _dags_test(pipeline: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
-    dag_id = dag_id_for(pipeline)
+def run_benchmark(pipeline: str, conf: dict[str, Any]) -> int:
+    """Run pipeline `pipeline`'s strategy benchmark once through Airflow, then print the table.
+
+    Args:
+        pipeline: a name from `pipelines.spec.list_pipelines()`.
+        conf: the benchmark's Params, e.g. `{"epochs": 2, "strategies": ["one_device"]}`.
+
+    Returns:
+        0 when the benchmark recommended a strategy (some strategies may have failed: the table
+        says which and why), 1 otherwise (the reason is logged, and the table printed if any).
+    """
+    dag_id = benchmark_dag_id_for(pipeline)
+    try:
+        run_id = _run_locally(pipeline, dag_id, conf, check_benchmark_conf)
+    except RunError as error:
+        log.error("%s", error)
+        if error.run_id:  # the comparison lists each strategy's error
+            _print_benchmark(pipeline, dag_id, (error.run_id, "failed"))
+        return 1
+    except SpecError as error:
+        log.error("%s", error)
+        return 1
+    return _print_benchmark(pipeline, dag_id, (run_id, "success"))
+
+
+def _run_locally(
+    pipeline: str,
+    dag_id: str,
+    conf: dict[str, Any],
+    check: Callable[[str, Mapping[str, Any]], None],
+) -> str:
+    if pipeline not in list_pipelines():
+        raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
+    check(pipeline, conf)
+    home = airflow_home()
+    env = airflow_env(home)
+    ensure_airflow_db(home, env)
+    return _dags_test(dag_id, conf, home, env)
+
+
+def _dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
     db = home / "airflow.db"
     previous = _latest_run(db, dag_id)
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
@@ -191,7 +247,8 @@ def _dags_test(pipeline: str, conf: Mapping[str, Any], home: Path, env: Mapping[
             f"DAG run of {dag_id} failed (airflow dags test exit code {returncode}"
             + (f", run {run[0]} {run[1]}" if run else ", no DAG run was created")
             + (f"; failed tasks: {', '.join(failed)}" if failed else "")
-            + f"). The task logs are above and under {home / 'logs'}."
+            + f"). The task logs are above and under {home / 'logs'}.",
+            run_id=run[0] if run else None,
         )
     return run[0]
 
@@ -231,6 +288,59 @@ def _print_summary(pipeline: str, run_id: str) -> int:
         return 1
     sys.stdout.write(format_summary(pipeline, run_id, summary))
     return 0
+
+
+def _print_benchmark(pipeline: str, dag_id: str, run: tuple[str, str] | None) -> int:
+    if run is None:
+        return 1
+    try:
+        from tasks.benchmark_steps import read_comparison
+
+        comparison = read_comparison(pipeline, dag_id, run[0])
+    except Exception:
+        log.exception("Could not read the comparison of benchmark run %s", run[0])
+        return 1
+    if comparison is None:
+        log.error("The benchmark run %s wrote no comparison", run[0])
+        return 1
+    sys.stdout.write(format_benchmark(comparison))
+    return 0 if run[1] == "success" and comparison.get("recommendation") else 1
+
+
+def format_benchmark(comparison: Mapping[str, Any]) -> str:
+    """The text `stratoflow benchmark` prints: the table, failures, recommendation and rule.
+
+    Args:
+        comparison: the `benchmark/comparison.json` a benchmark run logged on its parent run.
+    """
+    from pipelines.cli import format_table
+    from tasks.benchmark import TABLE_COLUMNS, cells, first_line
+
+    rows = comparison["strategies"]
+    table = [dict(zip(TABLE_COLUMNS, cells(row), strict=True)) for row in rows]
+    recommendation = comparison.get("recommendation")
+    lines = [
+        "",
+        f"Strategy benchmark of {comparison['pipeline']} ({comparison['epochs']} epochs, seed "
+        f"{comparison['seed']}, threshold val_accuracy >= {comparison['threshold']}), "
+        f"MLflow run {comparison['parent_run_id']}:",
+        "",
+        format_table(table, TABLE_COLUMNS).rstrip("\n"),
+        *(
+            f"  failed: {row['strategy']}: {first_line(row.get('error'))}"
+            for row in rows
+            if row["status"] != "succeeded"
+        ),
+        *(f"  not run: {name}: {why}" for name, why in (comparison.get("not_run") or {}).items()),
+        "",
+        f"Recommended for this host: {recommendation['strategy']}"
+        if recommendation
+        else "No recommendation: no strategy succeeded.",
+        *([f"  why: {recommendation['reason']}."] if recommendation else []),
+        f"  rule: {comparison['rule']}",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def format_summary(pipeline: str, run_id: str, summary: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from pipelines import settings
@@ -29,6 +30,15 @@ class AirflowRun:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_context(cls, context: Any) -> AirflowRun:
+        """The DAG run of an Airflow task context (`dag`, `run_id`, `ti`)."""
+        return cls(
+            dag_id=context["dag"].dag_id,
+            run_id=context["run_id"],
+            try_number=context["ti"].try_number,
+        )
 
 
 def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
@@ -79,17 +89,44 @@ def train(
     Returns:
         The MLflow run id, the saved model's path and the shape of the strategy that ran.
     """
-    from tasks import cluster, launcher, tracking
+    from tasks import tracking
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = tracking.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, dataset
     )
+    result = run_training(spec, dataset, settings.run_dir(run.dag_id, run.run_id), mlflow_run_id)
+    final = result["history"][-1] if result["history"] else {}
+    return {
+        "mlflow_run_id": mlflow_run_id,
+        "model_path": result["model_path"],
+        "num_replicas": result["num_replicas"],
+        "num_workers": result["num_workers"],
+        "epochs": result["epochs"],
+        "resumed_from_epoch": result["resumed_from_epoch"],
+        "final_epoch": final,
+    }
+
+
+def run_training(
+    spec: PipelineSpec, dataset: dict[str, Any], run_dir: Path, mlflow_run_id: str
+) -> dict[str, Any]:
+    """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
+
+    The processes come from `tasks.cluster` (one, or a local cluster), supervised by
+    `tasks.launcher`; checkpoints in `run_dir` let a retry resume. Logs the run's shape tags and
+    its timings (`train_seconds`, `peak_rss_mb`, `seconds_to_first_step`).
+
+    Returns:
+        The training process's `TrainingResult` as a dict (history, model path, shape, timings).
+    """
+    from tasks import cluster, launcher, tracking
+
     payload = {
-        "pipeline": pipeline,
+        "pipeline": spec.name,
         "config": _spec_as_dict(spec),
         "dataset": _dataset_reference(dataset).to_dict(),
-        "run_dir": str(settings.run_dir(run.dag_id, run.run_id)),
+        "run_dir": str(run_dir),
         "tracking_uri": settings.tracking_uri(),
         "mlflow_run_id": mlflow_run_id,
     }
@@ -103,16 +140,7 @@ def train(
     if result["seconds_to_first_step"] is not None:
         timings["seconds_to_first_step"] = result["seconds_to_first_step"]
     tracking.log_metrics(mlflow_run_id, timings)
-    final = result["history"][-1] if result["history"] else {}
-    return {
-        "mlflow_run_id": mlflow_run_id,
-        "model_path": result["model_path"],
-        "num_replicas": result["num_replicas"],
-        "num_workers": result["num_workers"],
-        "epochs": result["epochs"],
-        "resumed_from_epoch": result["resumed_from_epoch"],
-        "final_epoch": final,
-    }
+    return result
 
 
 def evaluate(
@@ -123,20 +151,13 @@ def evaluate(
     training: dict[str, Any],
 ) -> dict[str, Any]:
     """Score the model on the test split and decide the gate against the current champion."""
-    from tasks import datasets, evaluation, tracking
+    from tasks import evaluation, tracking
 
     spec = resolve_config(pipeline, params)
-    images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
-    result = evaluation.evaluate_model(training["model_path"], images, labels)
+    mlflow_run_id = training["mlflow_run_id"]
+    result = score_test_split(dataset, training["model_path"], mlflow_run_id)
     decision = evaluation.decide_gate(
         result.test_accuracy, spec.evaluation, tracking.champion(spec.registered_model)
-    )
-    mlflow_run_id = training["mlflow_run_id"]
-    tracking.log_metrics(mlflow_run_id, result.metrics())
-    tracking.client().log_dict(
-        mlflow_run_id,
-        {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
-        "evaluation/test_metrics.json",
     )
     tracking.set_tags(
         mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
@@ -154,6 +175,26 @@ def evaluate(
         "test_accuracy": result.test_accuracy,
         "gate": decision.to_dict(),
     }
+
+
+def score_test_split(dataset: dict[str, Any], model_path: str, mlflow_run_id: str) -> Any:
+    """Score the saved model on the test split and log the test metrics to `mlflow_run_id`.
+
+    Returns:
+        The `tasks.evaluation.EvaluationResult` (also logged: metrics and
+        `evaluation/test_metrics.json`).
+    """
+    from tasks import datasets, evaluation, tracking
+
+    images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
+    result = evaluation.evaluate_model(model_path, images, labels)
+    tracking.log_metrics(mlflow_run_id, result.metrics())
+    tracking.client().log_dict(
+        mlflow_run_id,
+        {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
+        "evaluation/test_metrics.json",
+    )
+    return result
 
 
 def log_and_register(

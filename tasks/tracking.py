@@ -73,12 +73,19 @@ def ensure_experiment(mlflow_client: Any, pipeline: str) -> str:
 
 def find_run(mlflow_client: Any, pipeline: str, dag_id: str, run_id: str) -> Any | None:
     """The MLflow run of a DAG run, or None."""
+    return find_tagged_run(
+        mlflow_client, pipeline, {"airflow.dag_id": dag_id, "airflow.run_id": run_id}
+    )
+
+
+def find_tagged_run(mlflow_client: Any, pipeline: str, tags: dict[str, str]) -> Any | None:
+    """The run of `pipeline`'s experiment that carries every tag in `tags`, or None."""
     experiment = mlflow_client.get_experiment_by_name(experiment_name(pipeline))
     if experiment is None:
         return None
     runs = mlflow_client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`airflow.dag_id` = '{dag_id}' and tags.`airflow.run_id` = '{run_id}'",
+        filter_string=" and ".join(f"tags.`{key}` = '{value}'" for key, value in tags.items()),
         max_results=2,
     )
     return runs[0] if runs else None
@@ -92,8 +99,29 @@ def start_or_resume_run(
     Raises:
         TrackingUnavailableError: the tracking store does not answer; nothing was written.
     """
-    from mlflow.entities import Param
+    identity = {"airflow.dag_id": dag_id, "airflow.run_id": run_id}
+    tags = {
+        **training_tags(spec, dataset),
+        "mlflow.runName": f"{spec.name}-{spec.training.strategy}-{run_id}",
+    }
+    return start_or_resume_tagged_run(spec, identity, tags, try_number, dataset)
 
+
+def start_or_resume_tagged_run(
+    spec: PipelineSpec,
+    identity: dict[str, str],
+    tags: dict[str, str],
+    try_number: int,
+    dataset: dict[str, Any],
+) -> str:
+    """The run of `spec`'s experiment carrying the `identity` tags, created the first time.
+
+    A new run gets `identity`, `tags`, `airflow.try_number`, the flattened config as params, the
+    dataset as input and `config.json`; an existing one is set RUNNING again with the new try.
+
+    Raises:
+        TrackingUnavailableError: the tracking store does not answer; nothing was written.
+    """
     mlflow_client = client()
     try:
         experiment_id = ensure_experiment(mlflow_client, spec.name)
@@ -102,33 +130,46 @@ def start_or_resume_run(
             f"MLflow at {mlflow_client.tracking_uri} is unreachable ({type(error).__name__}: "
             f"{error}); start the tracking server or fix MLFLOW_TRACKING_URI"
         ) from error
-    existing = find_run(mlflow_client, spec.name, dag_id, run_id)
+    existing = find_tagged_run(mlflow_client, spec.name, identity)
     if existing is not None:
         mlflow_client.update_run(existing.info.run_id, status="RUNNING")
         mlflow_client.set_tag(existing.info.run_id, "airflow.try_number", str(try_number))
-        logger.info("resuming MLflow run %s of DAG run %s", existing.info.run_id, run_id)
+        logger.info("resuming MLflow run %s (%s)", existing.info.run_id, identity)
         return str(existing.info.run_id)
+    all_tags = {**identity, "airflow.try_number": str(try_number), **tags}
+    return create_described_run(mlflow_client, experiment_id, spec, all_tags, dataset)
 
+
+def training_tags(spec: PipelineSpec, dataset: dict[str, Any]) -> dict[str, str]:
+    """The tags describing a training run: pipeline, strategy, loop, batch, dataset."""
     training = spec.training
-    tags = {
-        "airflow.dag_id": dag_id,
-        "airflow.run_id": run_id,
-        "airflow.try_number": str(try_number),
+    return {
         "pipeline": spec.name,
         "strategy": training.strategy,
         "loop": training.loop,
         "global_batch_size": str(training.batch_size),
         "num_workers": "1",
         "dataset": f"{dataset['name']}:{dataset['version']}",
-        "mlflow.runName": f"{spec.name}-{training.strategy}-{run_id}",
     }
+
+
+def create_described_run(
+    mlflow_client: Any,
+    experiment_id: str,
+    spec: PipelineSpec,
+    tags: dict[str, str],
+    dataset: dict[str, Any],
+) -> str:
+    """Create a run with `tags`, the flattened config as params, the dataset input, config.json."""
+    from mlflow.entities import Param
+
     run = mlflow_client.create_run(experiment_id, tags=tags)
     params = [Param(key, value) for key, value in flatten_config(spec).items()]
     for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         mlflow_client.log_batch(run.info.run_id, params=params[start : start + 100])
     _log_dataset_input(mlflow_client, run.info.run_id, dataset)
     mlflow_client.log_dict(run.info.run_id, dataclasses.asdict(spec), "config.json")
-    logger.info("created MLflow run %s for DAG run %s", run.info.run_id, run_id)
+    logger.info("created MLflow run %s (%s)", run.info.run_id, tags.get("mlflow.runName"))
     return str(run.info.run_id)
 
 
@@ -171,6 +212,12 @@ def set_tags(run_id: str, tags: dict[str, Any]) -> None:
     mlflow_client = client()
     for key, value in tags.items():
         mlflow_client.set_tag(run_id, key, str(value))
+
+
+def log_params(run_id: str, params: dict[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    client().log_batch(run_id, params=[Param(key, str(value)) for key, value in params.items()])
 
 
 def log_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,15 @@ def tf_runtime():
     import tensorflow as tf
 
     return tf
+
+
+def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[object]:
+    """For a module-scoped fixture: an MlflowClient on a new SQLite store, set as the tracking
+    URI (so Airflow subprocesses started meanwhile use it too) until the fixture ends."""
+    from pipelines import settings
+    from tasks import tracking
+
+    store = tmp_path_factory.mktemp(name) / "mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        yield tracking.client()

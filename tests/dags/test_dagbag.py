@@ -48,6 +48,10 @@ _PARSE_SCRIPT = textwrap.dedent(
                     "retry_delay_s": t.retry_delay.total_seconds(),
                     "failure_callbacks": len(t.on_failure_callback or []),
                     "multiple_outputs": t.multiple_outputs,
+                    "is_mapped": bool(getattr(t, "is_mapped", False)),
+                    "trigger_rule": str(t.trigger_rule.value),
+                    "max_active_tis_per_dag": t.max_active_tis_per_dag,
+                    "map_index_template": t.map_index_template,
                 }
                 for t in tasks
             },
@@ -99,9 +103,17 @@ def test_no_import_errors(parsed: dict[str, Any]) -> None:
 
 def test_one_dag_per_pipeline_spec(parsed: dict[str, Any]) -> None:
     assert set(list_pipelines()) == {"mnist", "digits"}
-    assert sorted(parsed["dags"]) == ["retrain_digits", "retrain_mnist"]
-    # The runner finds the DAGs by the same naming rule.
-    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == sorted(parsed["dags"])
+    assert sorted(parsed["dags"]) == [
+        "benchmark_strategies_digits",
+        "benchmark_strategies_mnist",
+        "retrain_digits",
+        "retrain_mnist",
+    ]
+    # The runner finds the DAGs by the same naming rules.
+    assert sorted(
+        [runner.dag_id_for(name) for name in list_pipelines()]
+        + [runner.benchmark_dag_id_for(name) for name in list_pipelines()]
+    ) == sorted(parsed["dags"])
 
 
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
@@ -195,3 +207,55 @@ def test_doc_md_explains_the_dag_and_the_pipeline(parsed: dict[str, Any], pipeli
     assert doc.startswith("Retrain a TensorFlow model and track it in MLflow")
     assert spec.description in doc
     assert spec.registered_model in doc
+
+
+# --- the strategy benchmark DAGs (dags/benchmark_strategies.py) ------------------------------
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_benchmark_maps_one_training_per_strategy_then_compares_whatever_finished(
+    parsed: dict[str, Any], pipeline: str
+) -> None:
+    spec = load_spec(pipeline)
+    dag = parsed["dags"][f"benchmark_strategies_{pipeline}"]
+    assert dag["task_order"] == ["plan_strategies", "train_strategy", "compare_strategies"]
+    assert dag["upstream"] == {
+        "plan_strategies": [],
+        "train_strategy": ["plan_strategies"],
+        "compare_strategies": ["plan_strategies", "train_strategy"],
+    }
+    tasks = dag["tasks"]
+    assert [name for name, t in tasks.items() if t["is_mapped"]] == ["train_strategy"]
+    training = tasks["train_strategy"]
+    # A failed strategy is a result: no retry (it would resume and time another run), one
+    # training at a time (they would share the cores), each instance named by its strategy.
+    assert training["retries"] == 0
+    assert training["max_active_tis_per_dag"] == 1
+    assert "strategy" in training["map_index_template"]
+    assert training["failure_callbacks"] == 0  # a failed strategy must not fail the parent
+    assert tasks["compare_strategies"]["trigger_rule"] == "all_done"
+    assert tasks["plan_strategies"]["trigger_rule"] == "all_success"
+    for name in ("plan_strategies", "compare_strategies"):
+        assert tasks[name]["retries"] == spec.retries
+        assert tasks[name]["failure_callbacks"] == 1
+    assert dag["schedule"] is None  # manual trigger only
+    assert dag["max_active_runs"] == 1
+    assert "benchmark" in dag["tags"]
+    assert dag["doc_md"].startswith("Benchmark the `tf.distribute` strategies on this host")
+
+
+@pytest.mark.parametrize("pipeline", ["mnist", "digits"])
+def test_benchmark_params_are_validated_choices(parsed: dict[str, Any], pipeline: str) -> None:
+    from pipelines.params import benchmark_params
+
+    params = parsed["dags"][f"benchmark_strategies_{pipeline}"]["params"]
+    assert list(params) == ["epochs", "seed", "strategies", "tolerance"]
+    assert params["strategies"]["value"] == []
+    assert params["strategies"]["schema"]["type"] == "array"
+    assert params["strategies"]["schema"]["items"]["enum"] == list(STRATEGIES)
+    assert params["epochs"]["value"] == 3
+    assert params["tolerance"]["schema"]["maximum"] == 1
+    expected = benchmark_params(load_spec(pipeline))
+    for key, param in params.items():
+        declared = {k: v for k, v in expected[key].items() if k not in ("default", "description")}
+        assert param["schema"] == json.loads(json.dumps(declared)), key

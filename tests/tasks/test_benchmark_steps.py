@@ -1,0 +1,99 @@
+"""The benchmark's task bodies on a real MLflow store and the digits dataset, where no training
+process is needed: strategies that cannot run, a training task that died, a re-run strategy, and
+a benchmark in which nothing succeeded. (Real trainings: tests/integration/test_benchmark_dag.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.spec import SpecError
+from tasks import benchmark_steps
+from tasks.steps import AirflowRun
+from tests.conftest import fresh_mlflow_client
+
+DAG_ID = "benchmark_strategies_digits"
+
+
+@pytest.fixture(scope="module")
+def mlflow_client(tmp_path_factory):
+    """A fresh store for this module (each test uses its own DAG run id within it)."""
+    yield from fresh_mlflow_client(tmp_path_factory, "mlflow-benchmark-steps")
+
+
+def children_of(mlflow_client, parent_run_id):
+    experiment = mlflow_client.get_run(parent_run_id).info.experiment_id
+    return mlflow_client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'"
+    )
+
+
+def test_when_nothing_succeeds_the_parent_fails_and_the_comparison_says_why(mlflow_client):
+    import mlflow
+
+    from tasks.strategies import StrategyUnavailableError
+
+    run = AirflowRun(DAG_ID, "manual__nothing")
+    params = {"epochs": 1, "strategies": ["tpu"]}
+    planned = benchmark_steps.plan("digits", params, run)
+    (entry,) = planned
+    assert entry["strategy"] == "tpu" and "no TPU" in entry["unavailable"]
+
+    with pytest.raises(StrategyUnavailableError, match="strategy 'tpu' cannot run on this host"):
+        benchmark_steps.train_strategy("digits", params, run, entry)
+    with pytest.raises(RuntimeError, match="no strategy succeeded: tpu: StrategyUnavailable"):
+        benchmark_steps.compare("digits", params, run, planned)
+
+    parent = mlflow_client.get_run(entry["parent_run_id"])
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["stratoflow.kind"] == "strategy_benchmark"
+    assert "stratoflow.recommended_strategy" not in parent.data.tags
+    (child,) = children_of(mlflow_client, parent.info.run_id)
+    assert child.info.status == "FAILED"
+    assert "no TPU" in child.data.tags["stratoflow.error"]
+    comparison = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/benchmark/comparison.json")
+    assert comparison["recommendation"] is None
+    assert [(r["strategy"], r["status"]) for r in comparison["strategies"]] == [("tpu", "failed")]
+
+
+def test_a_training_task_that_died_is_reported_failed_and_its_run_closed(mlflow_client):
+    run = AirflowRun(DAG_ID, "manual__killed")
+    params = {"epochs": 1, "strategies": ["one_device"]}
+    planned = benchmark_steps.plan("digits", params, run)
+    spec = benchmark_steps.benchmark_spec("digits", params)
+    # What a killed task leaves behind: a child run that never left RUNNING.
+    child_id = benchmark_steps._fresh_child_run(
+        spec, run, planned[0]["parent_run_id"], planned[0]["dataset"]
+    )
+
+    with pytest.raises(RuntimeError, match="one_device: did not finish"):
+        benchmark_steps.compare("digits", params, run, planned)
+    assert mlflow_client.get_run(child_id).info.status == "FAILED"
+
+
+def test_a_rerun_strategy_replaces_its_child_run(mlflow_client):
+    run = AirflowRun(DAG_ID, "manual__rerun")
+    params = {"strategies": ["one_device"]}
+    (entry,) = benchmark_steps.plan("digits", params, run)
+    spec = benchmark_steps.benchmark_spec("digits", params)
+
+    first = benchmark_steps._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
+    second = benchmark_steps._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
+
+    assert [c.info.run_id for c in children_of(mlflow_client, entry["parent_run_id"])] == [second]
+    assert mlflow_client.get_run(first).info.lifecycle_stage == "deleted"
+
+
+def test_without_a_plan_the_parent_is_marked_failed(mlflow_client):
+    run = AirflowRun(DAG_ID, "manual__noplan")
+    (entry,) = benchmark_steps.plan("digits", {"strategies": ["one_device"]}, run)
+
+    with pytest.raises(RuntimeError, match="first task \\(plan_strategies\\) did not succeed"):
+        benchmark_steps.compare("digits", {}, run, None)
+    assert mlflow_client.get_run(entry["parent_run_id"]).info.status == "FAILED"
+
+
+def test_an_unknown_param_is_refused_before_any_run_exists(mlflow_client):
+    with pytest.raises(SpecError, match="unknown key 'strategy'; allowed: epochs, seed"):
+        benchmark_steps.plan("digits", {"strategy": "mirrored"}, AirflowRun(DAG_ID, "manual__x"))
+    assert benchmark_steps.find_parent_run("digits", DAG_ID, "manual__x") is None
