@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import runner
+from pipelines import assets, runner
 from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 from pipelines.params import dag_params
 from pipelines.spec import list_pipelines, load_spec
@@ -35,6 +35,9 @@ _PARSE_SCRIPT = textwrap.dedent(
     imported = time.perf_counter()
     bag = DagBag(dag_folder=sys.argv[1])
     parsed = time.perf_counter()
+
+    def cron_of(dag):
+        return getattr(dag.timetable, "timetable", None)
 
     def describe(dag):
         tasks = dag.topological_sort()
@@ -55,8 +58,14 @@ _PARSE_SCRIPT = textwrap.dedent(
                 key: {"value": p.value, "schema": p.schema, "description": p.description}
                 for key, p in dag.params.items()
             },
-            "schedule": dag.schedule,
             "timetable": type(dag.timetable).__name__,
+            "cron": getattr(cron_of(dag), "expression", None),
+            "cron_timezone": str(getattr(cron_of(dag), "timezone", "")),
+            "asset_uris": [
+                asset.uri
+                for asset in getattr(getattr(dag.timetable, "asset_condition", None), "objects", [])
+            ],
+            "outlets": {t.task_id: sorted(a.uri for a in t.outlets) for t in tasks},
             "catchup": dag.catchup,
             "max_active_runs": dag.max_active_runs,
             "tags": sorted(dag.tags),
@@ -97,11 +106,22 @@ def test_no_import_errors(parsed: dict[str, Any]) -> None:
     assert parsed["import_errors"] == {}
 
 
-def test_one_dag_per_pipeline_spec(parsed: dict[str, Any]) -> None:
+def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
+    parsed: dict[str, Any],
+) -> None:
     assert set(list_pipelines()) == {"mnist", "digits"}
-    assert sorted(parsed["dags"]) == ["retrain_digits", "retrain_mnist"]
+    assert sorted(parsed["dags"]) == [
+        "refresh_stratoflow_digits",
+        "refresh_stratoflow_mnist5k",
+        "retrain_digits",
+        "retrain_mnist",
+    ]
     # The runner finds the DAGs by the same naming rule.
-    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == sorted(parsed["dags"])
+    retrain = sorted(d for d in parsed["dags"] if d.startswith("retrain_"))
+    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == retrain
+    assert sorted(assets.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
+        set(parsed["dags"]) - set(retrain)
+    )
 
 
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
@@ -129,8 +149,11 @@ def test_schedule_and_run_settings_come_from_the_spec(
 ) -> None:
     spec = load_spec(pipeline)
     dag = parsed["dags"][f"retrain_{pipeline}"]
-    assert dag["schedule"] == spec.schedule
-    assert dag["timetable"] == "CronTriggerTimetable"
+    # The spec's cron or an event of the dataset's asset, whichever comes first.
+    assert dag["timetable"] == "AssetOrTimeSchedule"
+    assert dag["cron"] == spec.schedule
+    assert dag["cron_timezone"] == "UTC"
+    assert dag["asset_uris"] == [assets.asset_uri(spec.dataset.name)]
     assert dag["catchup"] is False
     assert dag["max_active_runs"] == 1
     assert dag["start_date"] is not None
@@ -195,3 +218,21 @@ def test_doc_md_explains_the_dag_and_the_pipeline(parsed: dict[str, Any], pipeli
     assert doc.startswith("Retrain a TensorFlow model and track it in MLflow")
     assert spec.description in doc
     assert spec.registered_model in doc
+
+
+@pytest.mark.parametrize("dataset", ["stratoflow_mnist5k", "stratoflow_digits"])
+def test_refresh_dag_emits_the_asset_its_readers_are_scheduled_on(
+    parsed: dict[str, Any], dataset: str
+) -> None:
+    dag = parsed["dags"][assets.refresh_dag_id(dataset)]
+    assert dag["timetable"] == "NullTimetable"  # triggered by whoever has new data
+    assert dag["task_order"] == ["refresh"]
+    assert dag["outlets"] == {"refresh": [f"x-tfds://{dataset}"]}
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    readers = [
+        dag_id
+        for dag_id, other in parsed["dags"].items()
+        if assets.asset_uri(dataset) in other["asset_uris"]
+    ]
+    assert readers == [runner.dag_id_for(p) for p in assets.pipelines_reading(dataset)]
+    assert readers  # each shipped dataset feeds a pipeline
