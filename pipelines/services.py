@@ -692,6 +692,69 @@ class Stack:
         self.retired = [_Process(p["pid"], p["create_time"]) for p in state.get("retired", [])]
 
 
+def wait_for_dags(stack: Stack, timeout_seconds: float = 180.0) -> float:
+    """Wait until the API lists every DAG of this repo (parsed by the dag-processor).
+
+    Returns:
+        The seconds waited.
+
+    Raises:
+        ServiceError: some DAG is still unknown after `timeout_seconds`.
+    """
+    from pipelines.airflow_api import AirflowApi, AirflowApiError
+    from pipelines.assets import datasets_in_use, refresh_dag_id
+    from pipelines.runner import dag_id_for
+    from pipelines.spec import list_pipelines
+
+    config = stack._require_config()
+    expected = {dag_id_for(p) for p in list_pipelines()}
+    expected |= {refresh_dag_id(d) for d in datasets_in_use()}
+    api = AirflowApi(config.api_url, ADMIN_USER, config.admin_password)
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                answer = api.request("GET", "/api/v2/dags", params={"limit": 100})
+            except AirflowApiError as error:
+                raise ServiceError(f"the Airflow API refused to list DAGs: {error}") from None
+            missing = expected - {dag["dag_id"] for dag in answer["dags"]}
+            if not missing:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_seconds:
+                raise stack._failure(
+                    DAG_PROCESSOR,
+                    f"has not parsed {', '.join(sorted(missing))} in {timeout_seconds:.0f} s",
+                )
+            time.sleep(1)
+    finally:
+        api.close()
+
+
+def describe(stack: Stack, report: StartReport | None = None, dags_seconds: float = 0) -> str:
+    """What `stratoflow services up|status` prints: where everything is and how to use it."""
+    if stack.config is None:
+        return f"no stack in {stack.state_dir}\n"
+    config = stack.config
+    running = stack.running()
+    lines = [f"stack in {stack.state_dir}: {len(running)}/{len(COMPONENTS)} components running"]
+    if report is not None:
+        lines.append(f"  {report.describe()}; DAGs parsed {dags_seconds:.1f} s later")
+    elif running:
+        rss, pss, count = stack.memory()
+        pss_text = f", PSS {pss:.0f} MB" if pss is not None else ""
+        lines.append(f"  {count} processes, RSS {rss:.0f} MB{pss_text}")
+    lines += [
+        f"  Airflow UI and REST API: {config.api_url}  (user {ADMIN_USER}, password: "
+        f"airflow_admin_password in {stack.state_dir / SECRETS_FILE})",
+        f"  MLflow tracking server:  {config.mlflow_uri}",
+        f"  PostgreSQL:              {HOST}:{config.ports[POSTGRES]} (databases "
+        f"{', '.join(DATABASES)})",
+        f"  logs: {config.logs_dir}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 # ----- helpers -------------------------------------------------------------------------------
 
 

@@ -38,11 +38,13 @@ from pipelines.services import (
     Stack,
     StartReport,
     group_members,
+    wait_for_dags,
 )
 from tasks.tracking import VERSION_TAG
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
 
 MNIST = "retrain_mnist"
 DIGITS = "retrain_digits"
@@ -85,24 +87,11 @@ def live(session_home: Path) -> Any:
         log.info("services: %s", report.describe())
         assert stack.config is not None
         api = AirflowApi(stack.config.api_url, ADMIN_USER, stack.config.admin_password)
-        _wait_for_dags(api, [MNIST, DIGITS, REFRESH_DIGITS], timeout_s=180)
+        wait_for_dags(stack)
         yield LiveStack(stack, report, api)
     finally:
         stack.down()
         shutil.rmtree(state, ignore_errors=True)
-
-
-def _wait_for_dags(api: AirflowApi, dag_ids: list[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for dag_id in dag_ids:
-        while True:
-            try:
-                api.dag(dag_id)
-                break
-            except AirflowApiError as error:
-                if error.status_code != 404 or time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
 
 
 def _unpause_and_cancel_the_missed_slot(api: AirflowApi, dag_id: str) -> dict[str, Any]:
