@@ -197,6 +197,17 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
     }
 
 
+def environment_names(component: str) -> list[str]:
+    """The names of the variables `environment` sets for `component` (a compose file's too)."""
+    placeholder = StackConfig(
+        state_dir=Path("/srv/stratoflow"),
+        ports={POSTGRES: 5432, MLFLOW: 5000, API_SERVER: 8080},
+        secrets=dict.fromkeys(_new_secrets(), "placeholder"),
+        data_dir=Path("/srv/stratoflow/tensorflow_datasets"),
+    )
+    return sorted(environment(component, placeholder))
+
+
 def command(component: str, config: StackConfig) -> list[str]:
     """The command line of a long-running component (secrets travel in `environment`)."""
     if component == POSTGRES:

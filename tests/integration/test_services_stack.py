@@ -255,12 +255,14 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
     no other process on the machine can match.
     """
     run_dir = settings.run_dir(DIGITS, record.digits_run_id, stack.state_dir)
-    checkpoints = sorted(
-        int(path.name.split("-")[1].split(".")[0])
-        for path in (run_dir / "checkpoints").glob("ckpt-*.index")
-    )
-    if not checkpoints or checkpoints[-1] < 2:
-        return
+    if not (run_dir / "checkpoints").is_dir():
+        return  # training has not begun
+    # Epochs now come every fraction of a second: watch closely, without the API polls.
+    deadline = time.monotonic() + 60
+    while (epoch := _last_checkpoint(run_dir)) < 2:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
         if "tasks.training_worker" not in cmdline:
@@ -273,8 +275,17 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
         if Path(payload["run_dir"]) == run_dir:
             process.kill()
             record.killed_training_pid = process.pid
-            record.killed_after_epochs = checkpoints[-1]
+            record.killed_after_epochs = epoch
             return
+
+
+def _last_checkpoint(run_dir: Path) -> int:
+    """The epoch of the newest checkpoint (`ckpt-<epoch>.index`) in the run folder, or 0."""
+    epochs = [
+        int(path.name.split("-")[1].split(".")[0])
+        for path in (run_dir / "checkpoints").glob("ckpt-*.index")
+    ]
+    return max(epochs, default=0)
 
 
 def test_rest_triggered_mnist_run_tracks_every_epoch_and_registers_a_version(

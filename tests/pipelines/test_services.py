@@ -73,6 +73,13 @@ def test_command_lines_bind_loopback_and_carry_no_secret(
         assert "0.0.0.0" not in line
 
 
+def test_environment_names_list_what_each_component_gets() -> None:
+    airflow = services.environment_names(API_SERVER)
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" in airflow and settings.TRACKING_URI_ENV in airflow
+    assert all(services.environment_names(c) == airflow for c in AIRFLOW_COMPONENTS)
+    assert "MLFLOW_BACKEND_STORE_URI" in services.environment_names(MLFLOW)
+
+
 def test_unknown_component_is_refused_naming_the_known_ones(config: StackConfig) -> None:
     with pytest.raises(ValueError, match="airflow-scheduler"):
         services.environment("airflow-webserver", config)
