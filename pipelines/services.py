@@ -281,7 +281,16 @@ def postgres_bin(program: str) -> Path:
 
 @dataclass
 class StartReport:
-    """What `Stack.up` measured."""
+    """What `Stack.up` measured.
+
+    Attributes:
+        seconds_to_healthy: from the call to every component answering its health check.
+        seconds_per_component: PostgreSQL's start, then the Airflow DB migration, MLflow and
+            Airflow, each counted from PostgreSQL being ready (they start in parallel).
+        rss_mb: the sum of the resident memory of every process of the stack.
+        pss_mb: the same with shared pages split between their processes (None if unreadable).
+        processes: how many processes the stack runs.
+    """
 
     seconds_to_healthy: float
     seconds_per_component: dict[str, float]
@@ -291,9 +300,12 @@ class StartReport:
 
     def describe(self) -> str:
         pss = f", PSS {self.pss_mb:.0f} MB" if self.pss_mb is not None else ""
-        parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in self.seconds_per_component.items())
+        phases = dict(self.seconds_per_component)
+        first = f"postgres {phases.pop(POSTGRES, 0):.1f} s"
+        parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in phases.items())
         return (
-            f"stack healthy in {self.seconds_to_healthy:.1f} s ({parts}); "
+            f"stack healthy in {self.seconds_to_healthy:.1f} s ({first}; then, in parallel, "
+            f"ready after: {parts}); "
             f"{self.processes} processes, RSS {self.rss_mb:.0f} MB{pss}"
         )
 
