@@ -185,6 +185,7 @@ class LiveRuns:
     mnist_seconds: float = 0.0
     scheduled_runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     scheduler_killed_during: dict[str, Any] = field(default_factory=dict)
+    scheduler_pids: tuple[int, int] = (0, 0)  # the killed one, its successor
     refresh_run_id: str = ""
     digits_run_id: str = ""
     digits_seconds: float = 0.0
@@ -210,7 +211,7 @@ def live_runs(live: LiveStack) -> LiveRuns:
         assert time.monotonic() < deadline, f"runs not finished in {RUN_TIMEOUT_S} s: {record}"
         mnist_tasks = _task_states(api, MNIST, record.mnist_run_id)
         if not record.scheduler_killed_during and mnist_tasks.get("train_model") == "running":
-            _restart_scheduler(live.stack)
+            record.scheduler_pids = _restart_scheduler(live.stack)
             record.scheduler_killed_during = mnist_tasks
         if not record.digits_run_id:
             triggered = [r for r in api.runs(DIGITS) if r["run_type"] == "asset_triggered"]
@@ -242,10 +243,12 @@ def _task_states(api: AirflowApi, dag_id: str, run_id: str) -> dict[str, str | N
     return {t["task_id"]: t["state"] for t in api.task_instances(dag_id, run_id)}
 
 
-def _restart_scheduler(stack: Stack) -> None:
-    """A scheduler crash: SIGKILL its main process, then start a new scheduler."""
+def _restart_scheduler(stack: Stack) -> tuple[int, int]:
+    """A scheduler crash: SIGKILL its main process, then start a new scheduler; both PIDs."""
+    killed = stack.processes[SCHEDULER].pid
     stack.stop_component(SCHEDULER, kill=True)
     stack.start_component(SCHEDULER)
+    return killed, stack.processes[SCHEDULER].pid
 
 
 def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
@@ -330,6 +333,9 @@ def test_unpausing_a_retrain_dag_runs_its_latest_cron_slot(live_runs: LiveRuns) 
 
 def test_a_scheduler_killed_mid_run_loses_no_run(live: LiveStack, live_runs: LiveRuns) -> None:
     assert live_runs.scheduler_killed_during.get("train_model") == "running"
+    killed, successor = live_runs.scheduler_pids
+    assert killed != successor and not _alive(killed)
+    assert live.stack.running().count(SCHEDULER) == 1
     assert live_runs.final[MNIST]["state"] == "success"
     states = _task_states(live.api, MNIST, live_runs.mnist_run_id)
     assert set(states.values()) == {"success"}, states
@@ -422,12 +428,11 @@ def test_down_stops_every_process_of_the_stack(live: LiveStack) -> None:
     pids += [m.pid for p in live.stack.retired for m in group_members(p.pid, exclude=set())]
     assert pids
     live.stack.down()
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and _not_zombie(pid)]
-    assert alive == []
+    assert [pid for pid in pids if _alive(pid)] == []
     assert live.stack.running() == []
 
 
-def _not_zombie(pid: int) -> bool:
+def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
