@@ -146,3 +146,30 @@ def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
 
 def test_local_stores_are_not_probed(tmp_path: Path) -> None:
     tracking.check_reachable(f"sqlite:///{tmp_path / 'absent' / 'mlflow.db'}")
+
+
+@pytest.mark.integration
+def test_a_component_not_healthy_in_time_fails_naming_it_and_quoting_its_log(
+    tmp_path: Path,
+) -> None:
+    """MLflow against a PostgreSQL port nobody listens on never gets healthy."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    stack = services.Stack(tmp_path / "stack", attached=True)
+    stack.config = StackConfig(
+        state_dir=stack.state_dir,
+        ports={POSTGRES: closed_port, MLFLOW: closed_port + 1, API_SERVER: closed_port + 2},
+        secrets=services._new_secrets(),
+        data_dir=tmp_path / "tfds",
+    )
+    try:
+        stack.start_component(MLFLOW)
+        with pytest.raises(services.ServiceError) as error:
+            stack.wait_healthy(MLFLOW, time.monotonic() + 5)
+    finally:
+        stack.down()
+    message = str(error.value)
+    assert message.startswith("mlflow was not healthy in time (ConnectError")
+    assert f"Last lines of {stack.config.logs_dir / 'mlflow.log'}:" in message
+    assert stack.running() == []
