@@ -212,7 +212,8 @@ def refresh_dataset(dataset: str) -> dict[str, Any]:
     and fingerprinted (the fingerprint in the event tells a consumer what data it got).
 
     Returns:
-        `{"dataset": name, "versions": {version: {"fingerprint", "built", "split_sizes"}}}`.
+        `{"dataset": name, "versions": {version: {"fingerprint", "built", "split_sizes"}}}`
+        (the key is `config:version` for a builder config).
 
     Raises:
         KeyError: no pipeline reads `dataset`.
@@ -228,7 +229,8 @@ def refresh_dataset(dataset: str) -> dict[str, Any]:
     versions = {}
     for spec in specs[dataset]:
         reference = datasets.prepare_dataset(spec)
-        versions[reference.version] = {
+        key = reference.version if spec.config is None else f"{spec.config}:{reference.version}"
+        versions[key] = {
             "fingerprint": reference.fingerprint,
             "built": reference.built,
             "split_sizes": reference.split_sizes,
@@ -247,8 +249,12 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
     try:
         tracking.check_reachable()
     except tracking.TrackingUnavailableError as error:
-        # MLflow's client would retry for minutes; a run that failed this way registered nothing.
-        logger.error("cannot mark the MLflow run of %s failed: %s", run.run_id, error)
+        # MLflow's own client would retry for minutes inside this callback: report and stop.
+        logger.error(
+            "cannot mark the MLflow run of %s failed or remove its model versions: %s",
+            run.run_id,
+            error,
+        )
         return
     try:
         spec = load_spec(pipeline)
