@@ -12,7 +12,7 @@ PIPELINE ?= mnist
 CONF ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean-state
+.PHONY: install run test lint bench clean-state services services-status services-stop
 
 install: $(INSTALLED)
 
@@ -31,6 +31,17 @@ test: $(INSTALLED)
 # Benchmarks: figures and ratios, written to docs/BENCHMARKS.md (not timed tests).
 bench: $(INSTALLED)
 	$(BIN)/python -m benchmarks.run
+
+# The deployment as local processes: PostgreSQL, MLflow server, Airflow api-server, scheduler,
+# dag-processor, triggerer (all on 127.0.0.1, free ports; state in .stratoflow/services).
+services: $(INSTALLED)
+	$(BIN)/stratoflow services up
+
+services-status: $(INSTALLED)
+	$(BIN)/stratoflow services status
+
+services-stop: $(INSTALLED)
+	$(BIN)/stratoflow services down
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

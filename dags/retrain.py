@@ -5,6 +5,9 @@
 gate against the current champion, and `log_and_register` registers a model version in MLflow
 (promoting it to `champion` only when the gate passed).
 
+It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
+`refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
+
 Every training setting is a Param: trigger with a config such as
 `{"strategy": "mirrored", "replicas": 2, "epochs": 3}`; Airflow refuses invalid values before a
 run exists. A task that fails for good (retries exhausted) cleans up the run's MLflow run,
@@ -18,8 +21,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 
+from pipelines.assets import dataset_asset
 from pipelines.params import dag_params
 from pipelines.spec import PipelineSpec, list_pipelines, load_spec
 
@@ -50,6 +54,15 @@ def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:
     return clean_up_failed_run
 
 
+def schedule_for(spec: PipelineSpec) -> Any:
+    """The spec's cron or an event of its dataset's asset; the asset alone without a cron."""
+    asset = dataset_asset(spec.dataset.name)
+    if spec.schedule is None:
+        return [asset]
+    cron = CronTriggerTimetable(spec.schedule, timezone="UTC")
+    return AssetOrTimeSchedule(timetable=cron, assets=[asset])
+
+
 def _doc_md(spec: PipelineSpec) -> str:
     return "\n\n".join(
         [
@@ -58,6 +71,8 @@ def _doc_md(spec: PipelineSpec) -> str:
             spec.description,
             f"- dataset: `{spec.dataset.name}` {spec.dataset.version}\n"
             f"- model builder: `{spec.model.builder}`\n"
+            f"- schedule: `{spec.schedule or 'none'}` (cron, UTC) or an event of the asset "
+            f"`{spec.dataset.name}`\n"
             f"- registered model: `{spec.registered_model}`\n"
             f"- evaluation gate: test accuracy >= {spec.evaluation.min_accuracy}, at most "
             f"{spec.evaluation.max_regression} below the champion",
@@ -80,7 +95,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         dag_id=dag_id_for(pipeline),
         description=spec.description,
         doc_md=_doc_md(spec),
-        schedule=spec.schedule,
+        schedule=schedule_for(spec),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,

@@ -5,6 +5,7 @@
     stratoflow list
     stratoflow compare mnist --limit 10 [--json]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
+    stratoflow services up|status|down [--state-dir DIR]
 
 Choices come from `pipelines.options`, so a typo is refused before Airflow starts. Tables and
 summaries go to stdout; progress and errors are logged to stderr.
@@ -60,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(parser, args)
     if args.command == "benchmark":
         return _benchmark(parser, args)
+    if args.command == "services":
+        return _services(args)
     return _compare(args)
 
 
@@ -131,6 +134,16 @@ def _parser() -> argparse.ArgumentParser:
         "--tolerance", type=float, help="accuracy tolerance of the recommendation rule (0.01)"
     )
     benchmark.add_argument("--conf", default="{}", help="the benchmark's Params as a JSON object")
+    services = commands.add_parser(
+        "services",
+        help="run the deployment locally: PostgreSQL, MLflow server, Airflow (up|status|down)",
+        description="Start (up), describe (status) or stop (down) the stack of real processes "
+        "in a state folder; every server binds 127.0.0.1 on a free port.",
+    )
+    services.add_argument("action", choices=["up", "status", "down"])
+    services.add_argument(
+        "--state-dir", help="the stack's folder (default: services/ in $STRATOFLOW_HOME)"
+    )
 
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
@@ -237,6 +250,30 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         cluster_server.serve(jobs, args.job, args.index)
     except (SpecError, ValueError) as error:
         parser.error(str(error))
+    return 0
+
+
+def _services(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipelines import services
+
+    state = Path(args.state_dir) if args.state_dir else services.default_state_dir()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    stack = services.Stack(state, attached=False)
+    try:
+        if args.action == "up":
+            report = stack.up()
+            waited = services.wait_for_dags(stack)
+            sys.stdout.write(services.describe(stack, report, waited))
+        elif args.action == "status":
+            sys.stdout.write(services.describe(stack))
+        else:
+            stack.down()
+            sys.stdout.write(f"stack in {state} stopped\n")
+    except services.ServiceError as error:
+        log.error("%s", error)
+        return 1
     return 0
 
 

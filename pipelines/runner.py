@@ -93,15 +93,19 @@ def airflow_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "airflow", *args]
 
 
-def ensure_airflow_db(home: Path, env: Mapping[str, str] | None = None) -> bool:
+def ensure_airflow_db(
+    home: Path, env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> bool:
     """Create or upgrade the metadata DB of Airflow home `home` unless it is current.
 
-    A stamp file records the Airflow version the DB was migrated with; `airflow db migrate`
-    (20-30 s) runs only when the DB is missing or Airflow changed.
+    A stamp file in `home` records the Airflow version the DB was migrated with; `airflow db
+    migrate` (20-60 s) runs only when the DB is missing or Airflow changed.
 
     Args:
         home: the Airflow home.
-        env: the environment of the migration; `airflow_env(home)` by default.
+        env: the environment of the migration; `airflow_env(home)` by default. Its
+            `AIRFLOW__DATABASE__SQL_ALCHEMY_CONN` may name any database (SQLite, PostgreSQL).
+        timeout: fail if the migration takes longer (seconds).
 
     Returns:
         True if it migrated, False if the DB was already current.
@@ -111,17 +115,26 @@ def ensure_airflow_db(home: Path, env: Mapping[str, str] | None = None) -> bool:
     """
     stamp = home / ".stratoflow-db-migrated"
     wanted = version("apache-airflow")
-    if (home / "airflow.db").is_file() and stamp.is_file() and stamp.read_text() == wanted:
+    env = dict(env) if env is not None else airflow_env(home)
+    sqlite = env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("sqlite:")
+    present = (home / "airflow.db").is_file() if sqlite else True
+    if present and stamp.is_file() and stamp.read_text() == wanted:
         return False
     home.mkdir(parents=True, exist_ok=True)
-    log.info("Initialising the Airflow metadata DB in %s (airflow db migrate)", home)
-    result = subprocess.run(
-        airflow_command("db", "migrate"),
-        env=dict(env) if env is not None else airflow_env(home),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    log.info("Initialising the Airflow metadata DB of %s (airflow db migrate)", home)
+    try:
+        result = subprocess.run(
+            airflow_command("db", "migrate"),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = (expired.stdout or b"") + (expired.stderr or b"")
+        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+        raise RunError(f"airflow db migrate ran past {timeout:.0f} s:\n{_tail(text)}") from None
     if result.returncode:
         raise RunError(
             f"airflow db migrate failed (exit code {result.returncode}):\n"

@@ -48,7 +48,13 @@ def standing_cluster() -> str:
     return os.environ.get(CLUSTER_ENV, "")
 
 
-def run_dir(dag_id: str, run_id: str) -> Path:
-    """The run-scoped working folder (checkpoints, trained model, history) of one DAG run."""
+def run_dir(dag_id: str, run_id: str, state: Path | None = None) -> Path:
+    """The run-scoped working folder (checkpoints, trained model, history) of one DAG run.
+
+    Args:
+        dag_id: the DAG id.
+        run_id: the Airflow run id (made safe for a file name).
+        state: the state folder; `state_dir()` by default.
+    """
     safe_run_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
-    return state_dir() / "runs" / dag_id / safe_run_id
+    return (state or state_dir()) / "runs" / dag_id / safe_run_id

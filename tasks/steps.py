@@ -70,10 +70,17 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str,
 
     Returns:
         The dataset reference (`tasks.datasets.DatasetRef` as a dict) plus `mlflow_run_id`.
+
+    Raises:
+        SpecError: invalid Params.
+        TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
     """
-    from tasks import datasets, tracking
+    from tasks import tracking
 
     spec = resolve_config(pipeline, params)
+    tracking.check_reachable()
+    from tasks import datasets  # imports TensorFlow: after the cheap checks
+
     reference = datasets.prepare_dataset(spec.dataset).to_dict()
     mlflow_run_id = tracking.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, reference
@@ -92,6 +99,7 @@ def train(
     from tasks import tracking
 
     spec = resolve_config(pipeline, params)
+    tracking.check_reachable()
     mlflow_run_id = tracking.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, dataset
     )
@@ -237,6 +245,40 @@ def log_and_register(
     return {**result.to_dict(), "mlflow_run_id": mlflow_run_id}
 
 
+def refresh_dataset(dataset: str) -> dict[str, Any]:
+    """Prepare every version of TFDS dataset `dataset` the pipelines read; describe what is there.
+
+    The refresh DAG calls this and then emits the dataset's asset event, which retrains every
+    pipeline reading it. A version that is not prepared yet is built; one that is, is checked
+    and fingerprinted (the fingerprint in the event tells a consumer what data it got).
+
+    Returns:
+        `{"dataset": name, "versions": {version: {"fingerprint", "built", "split_sizes"}}}`
+        (the key is `config:version` for a builder config).
+
+    Raises:
+        KeyError: no pipeline reads `dataset`.
+    """
+    from pipelines.assets import datasets_in_use
+    from tasks import datasets
+
+    specs = datasets_in_use()
+    if dataset not in specs:
+        raise KeyError(
+            f"no pipeline reads dataset {dataset!r}; datasets in use: {', '.join(sorted(specs))}"
+        )
+    versions = {}
+    for spec in specs[dataset]:
+        reference = datasets.prepare_dataset(spec)
+        key = reference.version if spec.config is None else f"{spec.config}:{reference.version}"
+        versions[key] = {
+            "fingerprint": reference.fingerprint,
+            "built": reference.built,
+            "split_sizes": reference.split_sizes,
+        }
+    return {"dataset": dataset, "versions": versions}
+
+
 def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
     """After a task failed for good: mark its MLflow run failed, remove versions and checkpoints.
 
@@ -245,6 +287,16 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
     from tasks import registry, tracking
 
     shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    try:
+        tracking.check_reachable()
+    except tracking.TrackingUnavailableError as error:
+        # MLflow's own client would retry for minutes inside this callback: report and stop.
+        logger.error(
+            "cannot mark the MLflow run of %s failed or remove its model versions: %s",
+            run.run_id,
+            error,
+        )
+        return
     try:
         spec = load_spec(pipeline)
         mlflow_client = tracking.client()

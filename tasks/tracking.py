@@ -30,11 +30,50 @@ CHALLENGER = "challenger"
 CHAMPION = "champion"
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
 MODEL_URI_TAG = "stratoflow.model_uri"
+REACHABILITY_ATTEMPTS = 3
+REACHABILITY_TIMEOUT_SECONDS = 5.0
+REACHABILITY_PAUSE_SECONDS = 2.0
 VERSION_TAG = "stratoflow.registered_version"
 
 
 class TrackingUnavailableError(RuntimeError):
     """The MLflow tracking server or store cannot be reached."""
+
+
+def check_reachable(tracking_uri: str | None = None, attempts: int = REACHABILITY_ATTEMPTS) -> None:
+    """Fail in seconds when an MLflow tracking server does not answer its health check.
+
+    MLflow's own client retries a refused connection with backoff for minutes before it fails;
+    a run that cannot be tracked should say so before it prepares data or trains. Local stores
+    (SQLite, files) are not checked here.
+
+    Raises:
+        TrackingUnavailableError: the server did not answer `attempts` times; the message
+            names the URI.
+    """
+    import urllib.error
+    import urllib.request
+
+    uri = tracking_uri or settings.tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return
+    problem = ""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(REACHABILITY_PAUSE_SECONDS)
+        try:
+            with urllib.request.urlopen(
+                f"{uri.rstrip('/')}/health", timeout=REACHABILITY_TIMEOUT_SECONDS
+            ) as response:
+                if response.status == 200:
+                    return
+                problem = f"HTTP {response.status}"
+        except (urllib.error.URLError, OSError) as error:
+            problem = f"{type(error).__name__}: {getattr(error, 'reason', error)}"
+    raise TrackingUnavailableError(
+        f"MLflow at {uri} is unreachable ({problem}, {attempts} attempts); start the tracking "
+        f"server or fix {settings.TRACKING_URI_ENV}"
+    )
 
 
 def experiment_name(pipeline: str) -> str:

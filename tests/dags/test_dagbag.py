@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pipelines import runner
+from pipelines import assets, runner
 from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
 from pipelines.params import dag_params
 from pipelines.spec import list_pipelines, load_spec
@@ -35,6 +35,9 @@ _PARSE_SCRIPT = textwrap.dedent(
     imported = time.perf_counter()
     bag = DagBag(dag_folder=sys.argv[1])
     parsed = time.perf_counter()
+
+    def cron_of(dag):
+        return getattr(dag.timetable, "timetable", None)
 
     def describe(dag):
         tasks = dag.topological_sort()
@@ -59,8 +62,14 @@ _PARSE_SCRIPT = textwrap.dedent(
                 key: {"value": p.value, "schema": p.schema, "description": p.description}
                 for key, p in dag.params.items()
             },
-            "schedule": dag.schedule,
             "timetable": type(dag.timetable).__name__,
+            "cron": getattr(cron_of(dag), "expression", None),
+            "cron_timezone": str(getattr(cron_of(dag), "timezone", "")),
+            "asset_uris": [
+                asset.uri
+                for asset in getattr(getattr(dag.timetable, "asset_condition", None), "objects", [])
+            ],
+            "outlets": {t.task_id: sorted(a.uri for a in t.outlets) for t in tasks},
             "catchup": dag.catchup,
             "max_active_runs": dag.max_active_runs,
             "tags": sorted(dag.tags),
@@ -101,19 +110,26 @@ def test_no_import_errors(parsed: dict[str, Any]) -> None:
     assert parsed["import_errors"] == {}
 
 
-def test_one_dag_per_pipeline_spec(parsed: dict[str, Any]) -> None:
+def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
+    parsed: dict[str, Any],
+) -> None:
     assert set(list_pipelines()) == {"mnist", "digits"}
     assert sorted(parsed["dags"]) == [
         "benchmark_strategies_digits",
         "benchmark_strategies_mnist",
+        "refresh_stratoflow_digits",
+        "refresh_stratoflow_mnist5k",
         "retrain_digits",
         "retrain_mnist",
     ]
-    # The runner finds the DAGs by the same naming rules.
-    assert sorted(
-        [runner.dag_id_for(name) for name in list_pipelines()]
-        + [runner.benchmark_dag_id_for(name) for name in list_pipelines()]
-    ) == sorted(parsed["dags"])
+    # The runner and the assets module find the DAGs by the same naming rules.
+    retrain = sorted(d for d in parsed["dags"] if d.startswith("retrain_"))
+    benchmark = sorted(d for d in parsed["dags"] if d.startswith("benchmark_strategies_"))
+    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == retrain
+    assert sorted(runner.benchmark_dag_id_for(name) for name in list_pipelines()) == benchmark
+    assert sorted(assets.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
+        set(parsed["dags"]) - set(retrain) - set(benchmark)
+    )
 
 
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
@@ -141,8 +157,11 @@ def test_schedule_and_run_settings_come_from_the_spec(
 ) -> None:
     spec = load_spec(pipeline)
     dag = parsed["dags"][f"retrain_{pipeline}"]
-    assert dag["schedule"] == spec.schedule
-    assert dag["timetable"] == "CronTriggerTimetable"
+    # The spec's cron or an event of the dataset's asset, whichever comes first.
+    assert dag["timetable"] == "AssetOrTimeSchedule"
+    assert dag["cron"] == spec.schedule
+    assert dag["cron_timezone"] == "UTC"
+    assert dag["asset_uris"] == [assets.asset_uri(spec.dataset.name)]
     assert dag["catchup"] is False
     assert dag["max_active_runs"] == 1
     assert dag["start_date"] is not None
@@ -238,7 +257,7 @@ def test_benchmark_maps_one_training_per_strategy_then_compares_whatever_finishe
     for name in ("plan_strategies", "compare_strategies"):
         assert tasks[name]["retries"] == spec.retries
         assert tasks[name]["failure_callbacks"] == 1
-    assert dag["schedule"] is None  # manual trigger only
+    assert dag["timetable"] == "NullTimetable"  # manual trigger only
     assert dag["max_active_runs"] == 1
     assert "benchmark" in dag["tags"]
     assert dag["doc_md"].startswith("Benchmark the `tf.distribute` strategies on this host")
@@ -259,3 +278,21 @@ def test_benchmark_params_are_validated_choices(parsed: dict[str, Any], pipeline
     for key, param in params.items():
         declared = {k: v for k, v in expected[key].items() if k not in ("default", "description")}
         assert param["schema"] == json.loads(json.dumps(declared)), key
+
+
+@pytest.mark.parametrize("dataset", ["stratoflow_mnist5k", "stratoflow_digits"])
+def test_refresh_dag_emits_the_asset_its_readers_are_scheduled_on(
+    parsed: dict[str, Any], dataset: str
+) -> None:
+    dag = parsed["dags"][assets.refresh_dag_id(dataset)]
+    assert dag["timetable"] == "NullTimetable"  # triggered by whoever has new data
+    assert dag["task_order"] == ["refresh"]
+    assert dag["outlets"] == {"refresh": [f"x-tfds://{dataset}"]}
+    assert dag["catchup"] is False and dag["max_active_runs"] == 1
+    readers = [
+        dag_id
+        for dag_id, other in parsed["dags"].items()
+        if assets.asset_uri(dataset) in other["asset_uris"]
+    ]
+    assert readers == [runner.dag_id_for(p) for p in assets.pipelines_reading(dataset)]
+    assert readers  # each shipped dataset feeds a pipeline

@@ -147,3 +147,21 @@ def test_bad_params_fail_before_any_work(tf_runtime):
         steps.prepare("digits", {"strategi": "mirrored"}, new_run("digits"))
     with pytest.raises(SpecError, match="batch_size 33 must be divisible by replicas 2"):
         steps.prepare("digits", {"strategy": "mirrored", "batch_size": 33}, new_run("digits"))
+
+
+def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_runtime):
+    from pipelines.spec import load_spec
+    from tasks import datasets, steps
+
+    refreshed = steps.refresh_dataset("stratoflow_digits")
+    reference = datasets.prepare_dataset(load_spec("digits").dataset)
+    assert refreshed["dataset"] == "stratoflow_digits"
+    assert refreshed["versions"] == {
+        "1.0.0": {
+            "fingerprint": reference.fingerprint,
+            "built": refreshed["versions"]["1.0.0"]["built"],
+            "split_sizes": {"train": 1439, "validation": 179, "test": 179},
+        }
+    }
+    with pytest.raises(KeyError, match="stratoflow_digits"):  # names the datasets in use
+        steps.refresh_dataset("mnist")

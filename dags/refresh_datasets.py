@@ -1,0 +1,62 @@
+"""Refresh a dataset and announce it: one DAG per TFDS dataset the pipelines read.
+
+`refresh` prepares every version of the dataset the pipelines use (building what is missing,
+fingerprinting what is there) and, on success, emits an event of the dataset's asset
+(`x-tfds://<dataset>`), with the fingerprints as the event's extra. Every `retrain_<pipeline>`
+DAG reading that dataset is scheduled on its cron *or* that asset, so a refresh retrains them.
+
+No schedule: whatever produces new data triggers it (UI, REST API, another DAG). Posting an
+asset event through the REST API (`POST /api/v2/assets/events`) triggers the retrains directly.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow.sdk import DAG, task
+
+from pipelines.assets import dataset_asset, datasets_in_use, pipelines_reading, refresh_dag_id
+
+START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
+OWNER = "ml-platform"
+RETRIES = 1
+RETRY_DELAY = timedelta(seconds=30)
+
+
+def build_dag(dataset: str) -> DAG:
+    """The DAG `refresh_<dataset>`: one task that prepares `dataset` and emits its asset event.
+
+    Args:
+        dataset: a TFDS dataset name that at least one pipeline spec reads.
+    """
+    asset = dataset_asset(dataset)
+    readers = pipelines_reading(dataset)
+    with DAG(
+        dag_id=refresh_dag_id(dataset),
+        description=f"Refresh {dataset}; retrains {', '.join(readers)}.",
+        doc_md=(__doc__ or "").strip()
+        + f"\n\n## Dataset `{dataset}`\n\nRead by the pipelines: {', '.join(readers)}.",
+        schedule=None,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        tags=["stratoflow", "dataset", dataset],
+        default_args={"owner": OWNER, "retries": RETRIES, "retry_delay": RETRY_DELAY},
+    ) as dag:
+
+        @task(outlets=[asset], multiple_outputs=False)
+        def refresh(**context: Any) -> dict[str, Any]:
+            from tasks import steps
+
+            result = steps.refresh_dataset(dataset)
+            context["outlet_events"][asset].extra = result  # travels with the asset event
+            return result
+
+        refresh()
+    return dag
+
+
+for _dataset in datasets_in_use():
+    _dag = build_dag(_dataset)
+    globals()[_dag.dag_id] = _dag

@@ -1,0 +1,175 @@
+"""What each service component is given (environment, command line) and the light helpers around
+the stack; the live stack itself is tested in `tests/integration/test_services_stack.py`."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipelines import assets, services, settings
+from pipelines.services import (
+    AIRFLOW_COMPONENTS,
+    API_SERVER,
+    COMPONENTS,
+    MLFLOW,
+    POSTGRES,
+    StackConfig,
+)
+from tasks import tracking
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> StackConfig:
+    return StackConfig(
+        state_dir=tmp_path,
+        ports={POSTGRES: 15432, MLFLOW: 15000, API_SERVER: 18080},
+        secrets=services._new_secrets(),
+        data_dir=tmp_path / "tfds",
+    )
+
+
+def test_airflow_components_share_one_configuration(config: StackConfig) -> None:
+    environments = [services.environment(c, config) for c in AIRFLOW_COMPONENTS]
+    assert all(env == environments[0] for env in environments)
+    env = environments[0]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == config.secrets["jwt_secret"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:")
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("@127.0.0.1:15432/airflow")
+    assert 2 <= int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
+    # The tasks log to the stack's MLflow server and keep runs in the stack's folder.
+    assert env[settings.TRACKING_URI_ENV] == "http://127.0.0.1:15000"
+    assert env[settings.STATE_DIR_ENV] == str(config.state_dir)
+
+
+def test_mlflow_uses_its_own_database_and_serves_artifacts(config: StackConfig) -> None:
+    env = services.environment(MLFLOW, config)
+    uri = env["MLFLOW_BACKEND_STORE_URI"]
+    # Its own role and password: Airflow's credentials cannot touch MLflow's data.
+    password = config.secrets["postgres_mlflow_password"]
+    assert uri == f"postgresql+psycopg2://mlflow:{password}@127.0.0.1:15432/mlflow"
+    assert password != config.secrets["postgres_airflow_password"]
+    assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    assert env["MLFLOW_SERVER_ALLOWED_HOSTS"] == "127.0.0.1:15000,localhost:15000"
+    assert "--serve-artifacts" in services.command(MLFLOW, config)
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_command_lines_bind_loopback_and_carry_no_secret(
+    config: StackConfig, component: str
+) -> None:
+    line = " ".join(services.command(component, config))
+    assert not any(secret in line for secret in config.secrets.values())  # `ps` shows argv
+    if component in (POSTGRES, MLFLOW, API_SERVER):
+        assert "127.0.0.1" in line and str(config.ports[component]) in line
+        assert "0.0.0.0" not in line
+
+
+def test_environment_names_list_what_each_component_gets() -> None:
+    airflow = services.environment_names(API_SERVER)
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" in airflow and settings.TRACKING_URI_ENV in airflow
+    assert all(services.environment_names(c) == airflow for c in AIRFLOW_COMPONENTS)
+    assert "MLFLOW_BACKEND_STORE_URI" in services.environment_names(MLFLOW)
+
+
+def test_unknown_component_is_refused_naming_the_known_ones(config: StackConfig) -> None:
+    with pytest.raises(ValueError, match="airflow-scheduler"):
+        services.environment("airflow-webserver", config)
+
+
+def test_generated_secrets_differ_each_time() -> None:
+    first, second = services._new_secrets(), services._new_secrets()
+    assert first.keys() == second.keys()
+    assert not set(first.values()) & set(second.values())
+
+
+def test_postgres_server_programs_are_found() -> None:
+    assert services.postgres_bin("initdb").is_file()
+    assert services.postgres_bin("pg_ctl").is_file()
+
+
+def test_dataset_assets_are_named_after_the_tfds_dataset() -> None:
+    assert assets.asset_uri("stratoflow_digits") == "x-tfds://stratoflow_digits"
+    assert assets.dataset_asset("stratoflow_digits").name == "stratoflow_digits"
+    assert assets.refresh_dag_id("stratoflow_digits") == "refresh_stratoflow_digits"
+    assert sorted(assets.datasets_in_use()) == ["stratoflow_digits", "stratoflow_mnist5k"]
+    assert assets.pipelines_reading("stratoflow_mnist5k") == ["mnist"]
+
+
+# ----- MLflow reachability ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def health_server() -> Iterator[str]:
+    """A real HTTP server answering `/health` with 200, as an MLflow server does."""
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_tracking_server_that_answers_passes_the_check(health_server: str) -> None:
+    tracking.check_reachable(health_server)
+
+
+def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    started = time.monotonic()
+    with pytest.raises(tracking.TrackingUnavailableError) as error:
+        tracking.check_reachable(uri, attempts=2)
+    assert f"MLflow at {uri} is unreachable" in str(error.value)
+    assert "MLFLOW_TRACKING_URI" in str(error.value)
+    # Not a speed target: MLflow's own client would sit in its retry loop for minutes.
+    assert time.monotonic() - started < 30
+
+
+def test_local_stores_are_not_probed(tmp_path: Path) -> None:
+    tracking.check_reachable(f"sqlite:///{tmp_path / 'absent' / 'mlflow.db'}")
+
+
+@pytest.mark.integration
+def test_a_component_not_healthy_in_time_fails_naming_it_and_quoting_its_log(
+    tmp_path: Path,
+) -> None:
+    """MLflow against a PostgreSQL port nobody listens on never gets healthy."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    stack = services.Stack(tmp_path / "stack", attached=True)
+    stack.config = StackConfig(
+        state_dir=stack.state_dir,
+        ports={POSTGRES: closed_port, MLFLOW: closed_port + 1, API_SERVER: closed_port + 2},
+        secrets=services._new_secrets(),
+        data_dir=tmp_path / "tfds",
+    )
+    try:
+        stack.start_component(MLFLOW)
+        with pytest.raises(services.ServiceError) as error:
+            stack.wait_healthy(MLFLOW, time.monotonic() + 5)
+    finally:
+        stack.down()
+    message = str(error.value)
+    assert message.startswith("mlflow was not healthy in time (ConnectError")
+    assert f"Last lines of {stack.config.logs_dir / 'mlflow.log'}:" in message
+    assert stack.running() == []
