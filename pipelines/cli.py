@@ -3,7 +3,7 @@
     stratoflow run mnist --strategy mirrored --replicas 2 --epochs 3
     stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
     stratoflow list
-    stratoflow compare mnist --limit 10 [--json]
+    stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
 
 Choices come from `pipelines.options`, so a typo is refused before Airflow starts. Tables and
 summaries go to stdout; progress and errors are logged to stderr.
@@ -113,7 +113,19 @@ def _parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
     compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
+    compare.add_argument(
+        "--run",
+        dest="run_ids",
+        action="append",
+        metavar="RUN_ID",
+        help="compare this MLflow run (repeat the flag); default: the newest --limit runs",
+    )
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG overlaying the runs' val_loss and val_accuracy per epoch",
+    )
     return parser
 
 
@@ -215,10 +227,13 @@ def _list() -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    try:
-        from tasks.reporting import compare_runs
+    from tasks import reporting
 
-        runs = compare_runs(args.pipeline, args.limit)
+    try:
+        runs = reporting.compare_runs(args.pipeline, args.limit, args.run_ids)
+    except LookupError as error:
+        log.error("%s", error)
+        return 1
     except Exception:
         log.exception("Could not read the tracked runs of pipeline %s", args.pipeline)
         return 1
@@ -230,6 +245,19 @@ def _compare(args: argparse.Namespace) -> int:
         rows = [{**run, "champion": CHAMPION_MARKER if run.get("champion") else ""} for run in runs]
         sys.stdout.write(format_table(rows, COMPARE_COLUMNS))
         sys.stdout.write(f"{CHAMPION_MARKER} = the registered model's current champion\n")
+    if not runs:
+        return 0
+    # With --json, stdout stays pure JSON: the link and the plot's path go to the log (stderr).
+    say = log.info if args.json else (lambda text: sys.stdout.write(text + "\n"))
+    if args.plot:
+        drawn = reporting.plot_validation_curves(runs, args.plot)
+        say(f"validation curves of {len(drawn)} run(s): {args.plot}")
+    url = reporting.compare_url(
+        [run["run_id"] for run in runs], [run["experiment_id"] for run in runs]
+    )
+    say(f"compare them in the MLflow UI: {url}")
+    if not reporting.serves_ui():
+        say(f"  (start the UI first: {reporting.ui_command()})")
     return 0
 
 

@@ -79,7 +79,7 @@ def train(
     Returns:
         The MLflow run id, the saved model's path and the shape of the strategy that ran.
     """
-    from tasks import cluster, launcher, tracking
+    from tasks import cluster, launcher, plots, tracking
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = tracking.start_or_resume_run(
@@ -103,6 +103,9 @@ def train(
     if result["seconds_to_first_step"] is not None:
         timings["seconds_to_first_step"] = result["seconds_to_first_step"]
     tracking.log_metrics(mlflow_run_id, timings)
+    if result["history"]:
+        figure = plots.training_curves(result["history"], title=_run_title(spec, result))
+        tracking.log_figure(mlflow_run_id, figure, tracking.CURVES_ARTIFACT)
     final = result["history"][-1] if result["history"] else {}
     return {
         "mlflow_run_id": mlflow_run_id,
@@ -123,7 +126,7 @@ def evaluate(
     training: dict[str, Any],
 ) -> dict[str, Any]:
     """Score the model on the test split and decide the gate against the current champion."""
-    from tasks import datasets, evaluation, tracking
+    from tasks import datasets, evaluation, plots, tracking
 
     spec = resolve_config(pipeline, params)
     images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
@@ -136,7 +139,18 @@ def evaluate(
     tracking.client().log_dict(
         mlflow_run_id,
         {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
-        "evaluation/test_metrics.json",
+        tracking.TEST_METRICS_ARTIFACT,
+    )
+    class_names = list(dataset["class_names"])
+    tracking.log_figure(
+        mlflow_run_id,
+        plots.confusion_matrix(result.confusion_matrix, class_names),
+        tracking.CONFUSION_MATRIX_ARTIFACT,
+    )
+    tracking.log_table(
+        mlflow_run_id,
+        _per_class_columns(result.per_class, class_names),
+        tracking.PER_CLASS_ARTIFACT,
     )
     tracking.set_tags(
         mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
@@ -214,6 +228,27 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
         tracking.finish_run(mlflow_run.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
+
+
+def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:
+    return (
+        f"{spec.name}: {result['strategy']}, {result['num_replicas']} replica(s), "
+        f"{result['num_workers']} worker(s), {result['loop']} loop"
+    )
+
+
+def _per_class_columns(
+    per_class: list[dict[str, float]], class_names: list[str]
+) -> dict[str, list[Any]]:
+    """The per-class metrics as table columns: class, name, precision, recall, support."""
+    classes = [int(row["class"]) for row in per_class]
+    return {
+        "class": classes,
+        "name": [class_names[k] if k < len(class_names) else str(k) for k in classes],
+        "precision": [row["precision"] for row in per_class],
+        "recall": [row["recall"] for row in per_class],
+        "support": [int(row["support"]) for row in per_class],
+    }
 
 
 def _spec_as_dict(spec: PipelineSpec) -> dict[str, Any]:
