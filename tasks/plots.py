@@ -109,7 +109,7 @@ def validation_curves(runs: Sequence[tuple[str, History]]) -> Any:
         _integer_ticks(axes)
     handles, labels = loss_axes.get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=1, fontsize=9, frameon=False)
-    figure.tight_layout(rect=(0, 0.08 * len(runs), 1, 1))
+    figure.tight_layout(rect=(0, 0.02 + 0.05 * len(runs), 1, 1))
     return figure
 
 

@@ -128,7 +128,7 @@ def plot_validation_curves(rows: Sequence[dict[str, Any]], path: str | Path) -> 
         history = _validation_history(mlflow_client, row["run_id"])
         if history:
             drawn.append(row["run_id"])
-            label = f"{row['run_name']} ({row['strategy']}, {row['replicas'] or '?'} replicas)"
+            label = f"{row['run_name']} ({row['strategy']}, replicas {row['replicas'] or '?'})"
             curves.append((label, history))
     plots.save_png(plots.validation_curves(curves), path)
     return drawn
@@ -136,13 +136,10 @@ def plot_validation_curves(rows: Sequence[dict[str, Any]], path: str | Path) -> 
 
 def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
     """The MLflow UI page comparing `run_ids` side by side (MLflow 3's `#/compare-runs`)."""
-    query = urllib.parse.urlencode(
-        {
-            "runs": json.dumps(list(run_ids), separators=(",", ":")),
-            "experiments": json.dumps(sorted(set(experiment_ids)), separators=(",", ":")),
-        },
-        quote_via=urllib.parse.quote,
-    )
+    # The same unescaped JSON the UI itself puts in this link.
+    runs = json.dumps(list(run_ids), separators=(",", ":"))
+    experiments = json.dumps(sorted(set(experiment_ids)), separators=(",", ":"))
+    query = f"runs={runs}&experiments={experiments}"
     return f"{ui_base_url()}/#/compare-runs?{query}"
 
 
