@@ -53,8 +53,16 @@ def training_curves(history: History, title: str = "") -> Any:
     return figure
 
 
-def confusion_matrix(matrix: Sequence[Sequence[int]], class_names: Sequence[str]) -> Any:
-    """The test split's confusion matrix: true class by row, predicted class by column, counts."""
+def confusion_matrix(
+    matrix: Sequence[Sequence[int]], class_names: Sequence[str], title: str = ""
+) -> Any:
+    """The test split's confusion matrix: true class by row, predicted class by column, counts.
+
+    Args:
+        matrix: counts, `matrix[true][predicted]`.
+        class_names: the label of each class, in index order.
+        title: a first title line, e.g. the pipeline and strategy of the run.
+    """
     import numpy as np
 
     plt = _pyplot()
@@ -68,7 +76,8 @@ def confusion_matrix(matrix: Sequence[Sequence[int]], class_names: Sequence[str]
     axes.set_yticks(ticks, labels=class_names)
     axes.set_xlabel("predicted class")
     axes.set_ylabel("true class")
-    axes.set_title(f"confusion matrix ({int(counts.sum())} test examples)")
+    subtitle = f"confusion matrix ({int(counts.sum())} test examples)"
+    axes.set_title(f"{title}\n{subtitle}" if title else subtitle)
     threshold = counts.max() / 2 if counts.size else 0
     for (row, column), count in np.ndenumerate(counts):
         axes.text(

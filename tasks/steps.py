@@ -144,7 +144,11 @@ def evaluate(
     class_names = list(dataset["class_names"])
     tracking.log_figure(
         mlflow_run_id,
-        plots.confusion_matrix(result.confusion_matrix, class_names),
+        plots.confusion_matrix(
+            result.confusion_matrix,
+            class_names,
+            title=f"{spec.name}: {spec.training.strategy}, {training['num_replicas']} replica(s)",
+        ),
         tracking.CONFUSION_MATRIX_ARTIFACT,
     )
     tracking.log_table(

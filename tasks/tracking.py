@@ -10,8 +10,8 @@ params and metrics in the MLflow UI and with `stratoflow compare`.
 - metrics per epoch (step = epoch): `loss`, `accuracy`, `val_loss`, `val_accuracy`,
   `examples_per_second`; final `test_loss`, `test_accuracy`, per-class precision/recall;
   `system/...` (CPU, memory) sampled during training;
-- artifacts: `config.json` + `config.yaml`, `environment.json`, `plots/curves.png`,
-  `evaluation/confusion_matrix.png`, `evaluation/per_class.json`, `evaluation/test_metrics.json`;
+- artifacts: `config.json` + `config.yaml`, `environment.json`, `curves.png`,
+  `confusion_matrix.png`, `evaluation/per_class.json`, `evaluation/test_metrics.json`;
 - registered model from the spec; aliases `challenger` (every successful run) and `champion`.
 """
 
@@ -35,12 +35,13 @@ CHAMPION = "champion"
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
 MODEL_URI_TAG = "stratoflow.model_uri"
 VERSION_TAG = "stratoflow.registered_version"
-# Artifact paths inside a run (public: the README lists them).
+# Artifact paths inside a run (public: the README lists them). The figures sit at the top level:
+# the MLflow UI's compare page previews only top-level files, side by side for every run.
 CONFIG_JSON_ARTIFACT = "config.json"
 CONFIG_YAML_ARTIFACT = "config.yaml"
 ENVIRONMENT_ARTIFACT = "environment.json"
-CURVES_ARTIFACT = "plots/curves.png"
-CONFUSION_MATRIX_ARTIFACT = "evaluation/confusion_matrix.png"
+CURVES_ARTIFACT = "curves.png"
+CONFUSION_MATRIX_ARTIFACT = "confusion_matrix.png"
 PER_CLASS_ARTIFACT = "evaluation/per_class.json"
 TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
 
