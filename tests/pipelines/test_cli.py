@@ -155,3 +155,10 @@ def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError(f"must not be called: {args} {kwargs}")
+
+
+def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert cli.main(["compare", "digits", "--run", "0" * 32]) == 1
+    assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text
