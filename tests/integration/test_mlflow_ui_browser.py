@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli, settings
+from tests.images import colour_pixels, png_size
 
 pytestmark = pytest.mark.integration
 
@@ -142,9 +143,6 @@ def test_environment_json_names_each_runs_strategy_and_replicas(two_runs, tmp_pa
 def test_compare_plots_a_line_per_run_and_prints_the_ui_compare_link(
     two_runs, mlflow_server, tmp_path, capsys
 ):
-    from tests.tasks.test_plots import colour_pixels
-    from tests.tasks.test_steps import png_size
-
     ids = [two_runs[strategy]["run_id"] for strategy in STRATEGIES]
     plot = tmp_path / "compare.png"
     assert (
@@ -173,7 +171,6 @@ def test_the_mlflow_ui_compares_both_runs_their_strategies_and_figures(
     from playwright.sync_api import sync_playwright
 
     from tasks import reporting, tracking
-    from tests.tasks.test_steps import png_size
 
     runs = [two_runs[strategy] for strategy in STRATEGIES]
     url = reporting.compare_url([r["run_id"] for r in runs], [r["experiment_id"] for r in runs])

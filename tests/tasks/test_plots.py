@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 from tasks import plots
+from tests.images import PNG_SIGNATURE, colour_pixels
 
 
 def history(epochs: int, offset: float = 0.0) -> list[dict[str, float]]:
@@ -23,16 +21,6 @@ def history(epochs: int, offset: float = 0.0) -> list[dict[str, float]]:
     ]
 
 
-def colour_pixels(path: Path, colour: str) -> int:
-    """How many pixels of the PNG at `path` have exactly matplotlib colour `colour` (e.g. "C0")."""
-    import matplotlib.colors
-    import matplotlib.image
-
-    image = matplotlib.image.imread(path)[..., :3]
-    target = np.array(matplotlib.colors.to_rgb(colour))
-    return int((np.abs(image - target).max(axis=-1) < 2 / 255).sum())
-
-
 def test_training_curves_draw_train_and_validation_per_epoch(tmp_path):
     figure = plots.training_curves(history(4), title="digits: mirrored")
     loss_axes, accuracy_axes = figure.axes
@@ -41,7 +29,7 @@ def test_training_curves_draw_train_and_validation_per_epoch(tmp_path):
     assert list(loss_axes.lines[1].get_xdata()) == [1, 2, 3, 4]
     assert list(loss_axes.lines[1].get_ydata()) == pytest.approx([1.2, 0.6, 0.4, 0.3])
     path = plots.save_png(figure, tmp_path / "plots" / "curves.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
 
 
 def test_confusion_matrix_writes_every_count_in_its_cell():

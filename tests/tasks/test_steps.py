@@ -7,7 +7,6 @@ import dataclasses
 import json
 import logging
 import re
-import struct
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ import pytest
 
 from pipelines import settings
 from tasks.steps import AirflowRun
+from tests.images import png_size
 
 
 def new_run(pipeline: str) -> AirflowRun:
@@ -93,15 +93,6 @@ def test_digits_pipeline_end_to_end(digits_run):
     assert registered["version"] == mlflow_run.data.tags[tracking.VERSION_TAG]
     assert "challenger" in registered["aliases"]
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == PNG_SIGNATURE
-    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk comes first
-    return width, height
 
 
 def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environment(
