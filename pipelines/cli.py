@@ -117,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
         "--run",
         dest="run_ids",
         action="append",
+        type=_run_id,
         metavar="RUN_ID",
         help="compare this MLflow run (repeat the flag); default: the newest --limit runs",
     )
@@ -134,6 +135,12 @@ def _pipeline_name(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"unknown pipeline {value!r}; available: {', '.join(list_pipelines())}"
         )
+    return value
+
+
+def _run_id(value: str) -> str:
+    if not value or not all(c.isalnum() or c in "-_" for c in value):
+        raise argparse.ArgumentTypeError(f"not an MLflow run id: {value!r}")
     return value
 
 

@@ -95,6 +95,14 @@ def test_a_bad_conf_json_is_refused(text: str, message: str) -> None:
         cli.build_conf(text, {})
 
 
+def test_compare_run_ids_are_checked_before_mlflow_is_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "mnist", "--run", "x' OR '1'='1"])
+    assert "argument --run: not an MLflow run id" in capsys.readouterr().err
+
+
 def test_compare_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["compare", "mnist", "--limit", "0"])
