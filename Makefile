@@ -12,7 +12,7 @@ PIPELINE ?= mnist
 CONF ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean-state services services-status services-stop
+.PHONY: install run test lint bench clean-state services services-status services-stop chromium
 
 install: $(INSTALLED)
 
@@ -27,6 +27,11 @@ run: $(INSTALLED)
 
 test: $(INSTALLED)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The headless browser of the MLflow UI test (Debian's chromium, driven by Playwright); needs root
+# when it is missing. The test skips, saying so, where it is not installed.
+chromium:
+	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
 
 # Benchmarks: figures and ratios, written to docs/BENCHMARKS.md (not timed tests).
 bench: $(INSTALLED)

@@ -3,7 +3,7 @@
     stratoflow run mnist --strategy mirrored --replicas 2 --epochs 3
     stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
     stratoflow list
-    stratoflow compare mnist --limit 10 [--json]
+    stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
     stratoflow services up|status|down [--state-dir DIR]
 
@@ -148,7 +148,20 @@ def _parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
     compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
+    compare.add_argument(
+        "--run",
+        dest="run_ids",
+        action="append",
+        type=_run_id,
+        metavar="RUN_ID",
+        help="compare this MLflow run (repeat the flag); default: the newest --limit runs",
+    )
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG overlaying the runs' val_loss and val_accuracy per epoch",
+    )
     return parser
 
 
@@ -168,6 +181,12 @@ def _strategy_list(value: str) -> list[str]:
             f"unknown strategy {unknown[0]!r}; allowed: {', '.join(STRATEGIES)}"
         )
     return names
+
+
+def _run_id(value: str) -> str:
+    if not value or not all(c.isalnum() or c in "-_" for c in value):
+        raise argparse.ArgumentTypeError(f"not an MLflow run id: {value!r}")
+    return value
 
 
 def _positive_int(value: str) -> int:
@@ -295,10 +314,13 @@ def _list() -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    try:
-        from tasks.reporting import compare_runs
+    from tasks import reporting
 
-        runs = compare_runs(args.pipeline, args.limit)
+    try:
+        runs = reporting.compare_runs(args.pipeline, args.limit, args.run_ids)
+    except LookupError as error:
+        log.error("%s", error)
+        return 1
     except Exception:
         log.exception("Could not read the tracked runs of pipeline %s", args.pipeline)
         return 1
@@ -310,6 +332,19 @@ def _compare(args: argparse.Namespace) -> int:
         rows = [{**run, "champion": CHAMPION_MARKER if run.get("champion") else ""} for run in runs]
         sys.stdout.write(format_table(rows, COMPARE_COLUMNS))
         sys.stdout.write(f"{CHAMPION_MARKER} = the registered model's current champion\n")
+    if not runs:
+        return 0
+    # With --json, stdout stays pure JSON: the link and the plot's path go to the log (stderr).
+    say = log.info if args.json else (lambda text: sys.stdout.write(text + "\n"))
+    if args.plot:
+        drawn = reporting.plot_validation_curves(runs, args.plot)
+        say(f"validation curves of {len(drawn)} run(s): {args.plot}")
+    url = reporting.compare_url(
+        [run["run_id"] for run in runs], [run["experiment_id"] for run in runs]
+    )
+    say(f"compare them in the MLflow UI: {url}")
+    if not reporting.serves_ui():
+        say(f"  (start the UI first: {reporting.ui_command()})")
     return 0
 
 

@@ -155,7 +155,12 @@ def train_strategy(
                 f"strategy {strategy!r} cannot run on this host: {entry['unavailable']}"
             )
         result = steps.run_training(strategy_spec, dataset, run_dir, child_run_id)
-        evaluation = steps.score_test_split(dataset, result["model_path"], child_run_id)
+        evaluation = steps.score_test_split(
+            dataset,
+            result["model_path"],
+            child_run_id,
+            title=f"{spec.name} benchmark: {strategy}, {result['num_replicas']} replica(s)",
+        )
         reached = threshold_reached(result["history"], spec.evaluation.min_accuracy)
         if reached:
             tracking.log_metrics(

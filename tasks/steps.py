@@ -128,7 +128,7 @@ def run_training(
     Returns:
         The training process's `TrainingResult` as a dict (history, model path, shape, timings).
     """
-    from tasks import cluster, launcher, tracking
+    from tasks import cluster, launcher, plots, tracking
 
     payload = {
         "pipeline": spec.name,
@@ -148,6 +148,9 @@ def run_training(
     if result["seconds_to_first_step"] is not None:
         timings["seconds_to_first_step"] = result["seconds_to_first_step"]
     tracking.log_metrics(mlflow_run_id, timings)
+    if result["history"]:
+        figure = plots.training_curves(result["history"], title=_run_title(spec, result))
+        tracking.log_figure(mlflow_run_id, figure, tracking.CURVES_ARTIFACT)
     return result
 
 
@@ -163,7 +166,12 @@ def evaluate(
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = training["mlflow_run_id"]
-    result = score_test_split(dataset, training["model_path"], mlflow_run_id)
+    result = score_test_split(
+        dataset,
+        training["model_path"],
+        mlflow_run_id,
+        title=f"{spec.name}: {spec.training.strategy}, {training['num_replicas']} replica(s)",
+    )
     decision = evaluation.decide_gate(
         result.test_accuracy, spec.evaluation, tracking.champion(spec.registered_model)
     )
@@ -185,14 +193,18 @@ def evaluate(
     }
 
 
-def score_test_split(dataset: dict[str, Any], model_path: str, mlflow_run_id: str) -> Any:
-    """Score the saved model on the test split and log the test metrics to `mlflow_run_id`.
+def score_test_split(
+    dataset: dict[str, Any], model_path: str, mlflow_run_id: str, title: str
+) -> Any:
+    """Score the saved model on the test split and log the results to `mlflow_run_id`.
+
+    Logs the test metrics, `evaluation/test_metrics.json`, the per-class table and the confusion
+    matrix figure (titled `title`).
 
     Returns:
-        The `tasks.evaluation.EvaluationResult` (also logged: metrics and
-        `evaluation/test_metrics.json`).
+        The `tasks.evaluation.EvaluationResult`.
     """
-    from tasks import datasets, evaluation, tracking
+    from tasks import datasets, evaluation, plots, tracking
 
     images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
     result = evaluation.evaluate_model(model_path, images, labels)
@@ -200,7 +212,18 @@ def score_test_split(dataset: dict[str, Any], model_path: str, mlflow_run_id: st
     tracking.client().log_dict(
         mlflow_run_id,
         {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
-        "evaluation/test_metrics.json",
+        tracking.TEST_METRICS_ARTIFACT,
+    )
+    class_names = list(dataset["class_names"])
+    tracking.log_figure(
+        mlflow_run_id,
+        plots.confusion_matrix(result.confusion_matrix, class_names, title=title),
+        tracking.CONFUSION_MATRIX_ARTIFACT,
+    )
+    tracking.log_table(
+        mlflow_run_id,
+        _per_class_columns(result.per_class, class_names),
+        tracking.PER_CLASS_ARTIFACT,
     )
     return result
 
@@ -307,6 +330,27 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
         tracking.finish_run(mlflow_run.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
+
+
+def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:
+    return (
+        f"{spec.name}: {result['strategy']}, {result['num_replicas']} replica(s), "
+        f"{result['num_workers']} worker(s), {result['loop']} loop"
+    )
+
+
+def _per_class_columns(
+    per_class: list[dict[str, float]], class_names: list[str]
+) -> dict[str, list[Any]]:
+    """The per-class metrics as table columns: class, name, precision, recall, support."""
+    classes = [int(row["class"]) for row in per_class]
+    return {
+        "class": classes,
+        "name": [class_names[k] if k < len(class_names) else str(k) for k in classes],
+        "precision": [row["precision"] for row in per_class],
+        "recall": [row["recall"] for row in per_class],
+        "support": [int(row["support"]) for row in per_class],
+    }
 
 
 def _spec_as_dict(spec: PipelineSpec) -> dict[str, Any]:

@@ -9,6 +9,9 @@ params and metrics in the MLflow UI and with `stratoflow compare`.
 - params: the whole resolved config, flattened (`training.strategy`, `model.builder`, ...);
 - metrics per epoch (step = epoch): `loss`, `accuracy`, `val_loss`, `val_accuracy`,
   `examples_per_second`; final `test_loss`, `test_accuracy`, per-class precision/recall;
+  `system/...` (CPU, memory) sampled during training;
+- artifacts: `config.json` + `config.yaml`, `environment.json`, `curves.png`,
+  `confusion_matrix.png`, `evaluation/per_class.json`, `evaluation/test_metrics.json`;
 - registered model from the spec; aliases `challenger` (every successful run) and `champion`.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import posixpath
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +38,15 @@ REACHABILITY_ATTEMPTS = 3
 REACHABILITY_TIMEOUT_SECONDS = 5.0
 REACHABILITY_PAUSE_SECONDS = 2.0
 VERSION_TAG = "stratoflow.registered_version"
+# Artifact paths inside a run (public: the README lists them). The figures sit at the top level:
+# the MLflow UI's compare page previews only top-level files, side by side for every run.
+CONFIG_JSON_ARTIFACT = "config.json"
+CONFIG_YAML_ARTIFACT = "config.yaml"
+ENVIRONMENT_ARTIFACT = "environment.json"
+CURVES_ARTIFACT = "curves.png"
+CONFUSION_MATRIX_ARTIFACT = "confusion_matrix.png"
+PER_CLASS_ARTIFACT = "evaluation/per_class.json"
+TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
 
 
 class TrackingUnavailableError(RuntimeError):
@@ -207,7 +220,7 @@ def create_described_run(
     for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         mlflow_client.log_batch(run.info.run_id, params=params[start : start + 100])
     _log_dataset_input(mlflow_client, run.info.run_id, dataset)
-    mlflow_client.log_dict(run.info.run_id, dataclasses.asdict(spec), "config.json")
+    _log_config(mlflow_client, run.info.run_id, spec)
     logger.info("created MLflow run %s (%s)", run.info.run_id, tags.get("mlflow.runName"))
     return str(run.info.run_id)
 
@@ -227,6 +240,16 @@ def flatten_config(spec: PipelineSpec) -> dict[str, str]:
 
     walk("", dataclasses.asdict(spec))
     return flat
+
+
+def _log_config(mlflow_client: Any, run_id: str, spec: PipelineSpec) -> None:
+    """The resolved config whole: YAML to read in the UI, JSON for programs (both kept)."""
+    import yaml
+
+    config = dataclasses.asdict(spec)
+    mlflow_client.log_dict(run_id, config, CONFIG_JSON_ARTIFACT)
+    text = yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+    mlflow_client.log_text(run_id, text, CONFIG_YAML_ARTIFACT)
 
 
 def _log_dataset_input(mlflow_client: Any, run_id: str, dataset: dict[str, Any]) -> None:
@@ -265,6 +288,33 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     now = int(time.time() * 1000)
     batch = [Metric(key, float(value), now, step) for key, value in metrics.items()]
     client().log_batch(run_id, metrics=batch)
+
+
+def log_figure(run_id: str, figure: Any, artifact_file: str) -> None:
+    """Log a matplotlib figure as a PNG artifact (replacing an earlier attempt's) and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        client().log_figure(run_id, figure, artifact_file)
+    finally:
+        plt.close(figure)
+
+
+def log_table(run_id: str, columns: dict[str, list[Any]], artifact_file: str) -> None:
+    """Log a table artifact (shown as a table in the MLflow UI), replacing an earlier one.
+
+    MLflow's `log_table` appends to a table that already exists; a retried task must not
+    duplicate the rows, so a second call overwrites the file in the same format instead.
+    """
+    import pandas as pd
+
+    mlflow_client = client()
+    frame = pd.DataFrame(columns)
+    folder = posixpath.dirname(artifact_file) or None
+    if artifact_file in {item.path for item in mlflow_client.list_artifacts(run_id, folder)}:
+        mlflow_client.log_text(run_id, frame.to_json(orient="split", index=False), artifact_file)
+    else:
+        mlflow_client.log_table(run_id, frame, artifact_file)
 
 
 class EpochLogger:

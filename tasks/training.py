@@ -206,11 +206,8 @@ def train(
         )
         store.save(epoch, metrics)
         result.history.append(asdict(metrics))
-        if chief:
-            elapsed = time.perf_counter() - train_start
-            _log_progress(metrics, training.epochs, elapsed, epoch - start_epoch)
-            if on_epoch_end:
-                on_epoch_end(metrics)
+        if chief and on_epoch_end:  # e.g. the progress line and MLflow (tasks.training_worker)
+            on_epoch_end(metrics)
     result.train_seconds = time.perf_counter() - train_start
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -242,22 +239,6 @@ def _refuse_random_layers(model: Any, strategy: str) -> None:
 def _note_first_step(result: TrainingResult, process_start: float) -> None:
     if result.seconds_to_first_step is None:
         result.seconds_to_first_step = time.time() - process_start
-
-
-def _log_progress(metrics: EpochMetrics, epochs: int, elapsed: float, epochs_done: int) -> None:
-    eta = elapsed / epochs_done * (epochs - metrics.epoch)
-    logger.info(
-        "epoch %d/%d  loss %.4f  accuracy %.4f  val_loss %.4f  val_accuracy %.4f  "
-        "%.0f examples/s  ETA %.0f s",
-        metrics.epoch,
-        epochs,
-        metrics.loss,
-        metrics.accuracy,
-        metrics.val_loss,
-        metrics.val_accuracy,
-        metrics.examples_per_second,
-        eta,
-    )
 
 
 def _make_step_fn(model: Any, optimizer: Any, global_batch_size: int) -> Callable[..., Any]:

@@ -7,10 +7,13 @@ TensorFlow runs any op.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def main(payload_path: str, result_path: str) -> None:
@@ -25,20 +28,41 @@ def main(payload_path: str, result_path: str) -> None:
     spec = parse_spec(payload["pipeline"], payload["config"])
     configure_host_devices(required_logical_cpus(spec.training))
 
-    from tasks import tracking, training
+    from tasks import environment, system_metrics, tracking, training
     from tasks.cluster import this_process_is_chief
     from tasks.datasets import DatasetRef
+    from tasks.progress import EpochProgress
 
     run_dir = Path(payload["run_dir"])
-    epoch_logger = None
-    if this_process_is_chief():  # only the chief talks to MLflow
-        epoch_logger = tracking.EpochLogger(payload["tracking_uri"], payload["mlflow_run_id"])
+    tracking_uri, run_id = payload["tracking_uri"], payload["mlflow_run_id"]
+    chief = this_process_is_chief()
+    on_epoch_end: list[Callable[[Any], None]] = []
+    sampling: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if chief:  # only the chief talks to MLflow
+        epoch_logger = tracking.EpochLogger(tracking_uri, run_id)
         # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
         epoch_logger.log_missing(training.read_history(run_dir))
-    result = training.train(
-        spec, DatasetRef.from_dict(payload["dataset"]), run_dir, on_epoch_end=epoch_logger
-    )
-    Path(result_path).write_text(json.dumps(result.to_dict()))
+        on_epoch_end = [EpochProgress(spec.training.epochs), epoch_logger]
+        sampling = system_metrics.sampled_into(tracking_uri, run_id)
+    with sampling:
+        result = training.train(
+            spec,
+            DatasetRef.from_dict(payload["dataset"]),
+            run_dir,
+            on_epoch_end=_all_of(on_epoch_end) if on_epoch_end else None,
+        ).to_dict()
+    if chief:
+        described = environment.describe(result)
+        tracking.client(tracking_uri).log_dict(run_id, described, tracking.ENVIRONMENT_ARTIFACT)
+    Path(result_path).write_text(json.dumps(result))
+
+
+def _all_of(callbacks: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+    def on_epoch_end(metrics: Any) -> None:
+        for callback in callbacks:
+            callback(metrics)
+
+    return on_epoch_end
 
 
 if __name__ == "__main__":

@@ -95,6 +95,14 @@ def test_a_bad_conf_json_is_refused(text: str, message: str) -> None:
         cli.build_conf(text, {})
 
 
+def test_compare_run_ids_are_checked_before_mlflow_is_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "mnist", "--run", "x' OR '1'='1"])
+    assert "argument --run: not an MLflow run id" in capsys.readouterr().err
+
+
 def test_compare_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["compare", "mnist", "--limit", "0"])
@@ -155,3 +163,10 @@ def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError(f"must not be called: {args} {kwargs}")
+
+
+def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert cli.main(["compare", "digits", "--run", "0" * 32]) == 1
+    assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text

@@ -8,6 +8,7 @@ exercised by two real processes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -127,14 +128,23 @@ def test_ref_round_trips_through_json(mnist_ref):
 
 
 @pytest.mark.parametrize("fixture_name", ["mnist_ref", "digits_ref"])
-def test_rebuild_elsewhere_gives_same_fingerprint_and_built_flags(fixture_name, request, tmp_path):
+def test_rebuild_elsewhere_gives_same_fingerprint_and_built_flags(
+    fixture_name, request, tmp_path, caplog
+):
     from tasks.datasets import FINGERPRINT_CACHE, fingerprint, prepare_dataset
+    from tasks.tfds_builders._progress import LOG_EVERY
 
     session_ref = request.getfixturevalue(fixture_name)
     spec = DatasetSpec(name=session_ref.name, version=session_ref.version)
 
-    fresh = prepare_dataset(spec, data_dir=tmp_path)
+    with caplog.at_level(logging.INFO, logger="tasks.tfds_builders._progress"):
+        fresh = prepare_dataset(spec, data_dir=tmp_path)
     assert fresh.built is True
+    # The build logs its progress: a line per LOG_EVERY examples of a split, and one at its end.
+    for split, size in fresh.split_sizes.items():
+        lines = [r.getMessage() for r in caplog.records if f" {split}: " in r.getMessage()]
+        assert len(lines) == -(-size // LOG_EVERY), lines
+        assert lines[-1].startswith(f"{spec.name} {split}: {size:,}/{size:,} examples")
     assert fresh.data_dir == str(tmp_path.resolve())
     assert fresh.fingerprint == session_ref.fingerprint
     assert fresh.split_sizes == session_ref.split_sizes

@@ -7,6 +7,7 @@ leaves no process behind, and that the retry resumes with every epoch logged exa
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 import uuid
@@ -98,6 +99,19 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, strategy):
     assert values[-1] < values[0]
     assert evaluated["test_accuracy"] > 0.85
     assert cluster_children() == []
+    # The chief describes the cluster it trained in: its jobs, their addresses, its own task.
+    environment = tracking.client().download_artifacts(
+        trained["mlflow_run_id"], tracking.ENVIRONMENT_ARTIFACT
+    )
+    cluster = json.loads(Path(environment).read_text())["cluster"]
+    assert (cluster["workers"], cluster["ps"]) == (2, 1 if strategy == "parameter_server" else 0)
+    assert len(cluster["jobs"]["worker"]) == 2
+    assert all(address.startswith("127.0.0.1:") for address in cluster["jobs"]["worker"])
+    assert cluster["task"] == (
+        {"type": "chief", "index": 0}
+        if strategy == "parameter_server"
+        else {"type": "worker", "index": 0}
+    )
     if strategy == "multi_worker_mirrored":
         # Only the chief writes checkpoints, into the run folder; workers' scratch is gone.
         checkpoints = settings.run_dir(run.dag_id, run.run_id) / "checkpoints"

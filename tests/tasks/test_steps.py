@@ -3,16 +3,22 @@ processes, a real SQLite MLflow store, real signals for the fault tests."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import logging
+import re
 import threading
 import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from pipelines import settings
 from tasks.steps import AirflowRun
+from tests.images import png_size
 
 
 def new_run(pipeline: str) -> AirflowRun:
@@ -27,17 +33,44 @@ def training_children() -> list[psutil.Process]:
     ]
 
 
-def test_digits_pipeline_end_to_end(tf_runtime):
-    from tasks import steps, tracking
+class _Lines(logging.Handler):
+    """Keeps each log record's arrival time and text."""
 
-    run = new_run("digits")
-    params = {"epochs": 6}
-    dataset = steps.prepare("digits", params, run)
-    trained = steps.train("digits", params, run, dataset)
-    assert trained["mlflow_run_id"] == dataset["mlflow_run_id"]
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[tuple[float, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.created, record.getMessage()))
+
+
+@pytest.fixture(scope="module")
+def digits_run(tf_runtime):
+    """The four steps of a 6-epoch digits run, with the training child's output as it arrived."""
+    from tasks import steps
+
+    launcher_log = logging.getLogger("tasks.launcher")
+    lines, level = _Lines(), launcher_log.level
+    launcher_log.addHandler(lines)
+    launcher_log.setLevel(logging.INFO)
+    try:
+        run = new_run("digits")
+        params = {"epochs": 6}
+        dataset = steps.prepare("digits", params, run)
+        trained = steps.train("digits", params, run, dataset)
+    finally:
+        launcher_log.removeHandler(lines)
+        launcher_log.setLevel(level)
     evaluated = steps.evaluate("digits", params, run, dataset, trained)
     registered = steps.log_and_register("digits", params, run, dataset, trained, evaluated)
+    return run, dataset, trained, evaluated, registered, lines.records
 
+
+def test_digits_pipeline_end_to_end(digits_run):
+    from tasks import tracking
+
+    run, dataset, trained, evaluated, registered, _ = digits_run
+    assert trained["mlflow_run_id"] == dataset["mlflow_run_id"]
     mlflow_client = tracking.client()
     mlflow_run = mlflow_client.get_run(trained["mlflow_run_id"])
     assert mlflow_run.info.status == "FINISHED"
@@ -60,6 +93,99 @@ def test_digits_pipeline_end_to_end(tf_runtime):
     assert registered["version"] == mlflow_run.data.tags[tracking.VERSION_TAG]
     assert "challenger" in registered["aliases"]
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
+
+
+def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environment(
+    digits_run, tmp_path
+):
+    import matplotlib.image
+    import yaml
+
+    from tasks import steps, tracking
+
+    run, dataset, trained, *_ = digits_run
+    mlflow_client = tracking.client()
+    folder = Path(mlflow_client.download_artifacts(trained["mlflow_run_id"], "", str(tmp_path)))
+
+    for name in (tracking.CURVES_ARTIFACT, tracking.CONFUSION_MATRIX_ARTIFACT):
+        width, height = png_size((folder / name).read_bytes())
+        assert width >= 600 and height >= 400, name
+        pixels = matplotlib.image.imread(folder / name)
+        assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50, name  # drawn
+
+    table = json.loads((folder / tracking.PER_CLASS_ARTIFACT).read_text())
+    assert table["columns"] == ["class", "name", "precision", "recall", "support"]
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [row["class"] for row in rows] == list(range(10))
+    assert sum(row["support"] for row in rows) == dataset["split_sizes"]["test"]
+    metrics = mlflow_client.get_run(trained["mlflow_run_id"]).data.metrics
+    for row in rows:
+        assert row["recall"] == pytest.approx(metrics[f"test_recall_class_{row['class']}"])
+    test_metrics = json.loads((folder / tracking.TEST_METRICS_ARTIFACT).read_text())
+    assert np.trace(test_metrics["confusion_matrix"]) == round(
+        metrics["test_accuracy"] * dataset["split_sizes"]["test"]
+    )
+    logged = json.loads(
+        mlflow_client.get_run(trained["mlflow_run_id"]).data.tags["mlflow.loggedArtifacts"]
+    )
+    assert {"path": tracking.PER_CLASS_ARTIFACT, "type": "table"} in logged  # a table in the UI
+
+    resolved = dataclasses.asdict(steps.resolve_config("digits", {"epochs": 6}))
+    config = yaml.safe_load((folder / tracking.CONFIG_YAML_ARTIFACT).read_text())
+    assert config == resolved
+    assert config["training"]["epochs"] == 6
+    assert json.loads((folder / tracking.CONFIG_JSON_ARTIFACT).read_text()) == resolved
+
+    environment = json.loads((folder / tracking.ENVIRONMENT_ARTIFACT).read_text())
+    assert (environment["strategy"], environment["num_replicas"]) == ("one_device", 1)
+    assert environment["num_workers"] == environment["cluster"]["workers"] == 1
+    assert environment["cluster"]["jobs"] == {}
+    assert environment["devices"]["logical"] == ["/device:CPU:0"]  # the child's, not pytest's
+    assert environment["versions"]["tensorflow (runtime)"] == tf_version()
+    for package in ("keras", "mlflow", "apache-airflow"):
+        assert environment["versions"][package], package
+    assert environment["host"]["cpu_count"] >= 1
+
+
+def tf_version() -> str:
+    import tensorflow as tf
+
+    return str(tf.__version__)
+
+
+def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
+    from tasks import tracking
+
+    run_id = digits_run[2]["mlflow_run_id"]
+    mlflow_client = tracking.client()
+    cpu = mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    memory = mlflow_client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
+    assert cpu and memory
+    assert all(0 <= metric.value <= 100 for metric in cpu)
+    assert all(metric.value > 100 for metric in memory)  # megabytes used by a real host
+    # Sampled during training: no later than the last epoch's metrics were logged (+ the final
+    # sample taken as training ends).
+    last_epoch = max(m.timestamp for m in mlflow_client.get_metric_history(run_id, "loss"))
+    assert min(metric.timestamp for metric in cpu) <= last_epoch + 2000
+
+
+def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_run):
+    from tasks import tracking
+
+    trained, records = digits_run[2], digits_run[-1]
+    progress = [(arrived, line) for arrived, line in records if "tasks.progress: epoch " in line]
+    line_format = re.compile(
+        r"epoch (\d)/6: loss \d+\.\d{4}, accuracy [01]\.\d{4}, val_loss \d+\.\d{4}, "
+        r"val_accuracy [01]\.\d{4}, [\d,]+ examples/s, ETA \d+:\d\d:\d\d$"
+    )
+    epochs = [line_format.search(line) for _, line in progress]
+    assert all(epochs), [line for _, line in progress]
+    assert [int(match.group(1)) for match in epochs if match] == [1, 2, 3, 4, 5, 6]
+    # Streamed, not buffered until the child exits: epoch 1's line reached the task's log
+    # before epoch 6 had even ended (its metrics' timestamp, on the same clock).
+    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    last_epoch_logged = max(metric.timestamp for metric in history) / 1000
+    assert progress[0][0] < last_epoch_logged
 
 
 def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):

@@ -122,3 +122,18 @@ def test_champion_reads_the_champion_runs_test_accuracy(digits_ref, saved_model)
     uri = registry.log_model(run_id, saved_model, np.zeros((1, 8, 8, 1), dtype="float32"))
     registry.register(name, run_id, uri, promote=True, tags={})
     assert tracking.champion(name) == ("1", pytest.approx(0.97))
+
+
+def test_a_table_logged_again_is_replaced_not_appended(digits_ref):
+    """A retried evaluate task logs the per-class table again: MLflow alone would append."""
+    import json
+
+    from tasks import tracking
+
+    run_id = new_run(digits_ref)
+    tracking.log_table(run_id, {"class": [0, 1], "recall": [0.5, 0.75]}, "evaluation/t.json")
+    tracking.log_table(run_id, {"class": [0, 1], "recall": [0.5, 1.0]}, "evaluation/t.json")
+    text = tracking.client().download_artifacts(run_id, "evaluation/t.json")
+    with open(text) as handle:
+        table = json.load(handle)
+    assert table == {"columns": ["class", "recall"], "data": [[0, 0.5], [1, 1.0]]}

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from tasks.tfds_builders._progress import split_examples
 from tasks.tfds_builders._splits import stratified_split
 
 logger = logging.getLogger(__name__)
@@ -79,13 +80,12 @@ class StratoflowMnist5k(tfds.core.GeneratorBasedBuilder):
         images, labels = load_source()
         logger.info("%s: read %d digits from %s", self.name, len(labels), source_path())
         return {
-            name: self._generate_examples(images, labels, indices)
+            name: self._generate_examples(name, images, labels, indices)
             for name, indices in stratified_split(labels.tolist(), SPLIT_SEED).items()
         }
 
     def _generate_examples(
-        self, images: np.ndarray, labels: np.ndarray, indices: list[int]
+        self, split: str, images: np.ndarray, labels: np.ndarray, indices: list[int]
     ) -> Iterator[tuple[int, dict[str, Any]]]:
-        # The key is the row in the source file: stable across builds and library versions.
-        for index in indices:
-            yield index, {"image": images[index], "label": int(labels[index])}
+        # Keyed by the row in the source file: stable across builds and library versions.
+        return split_examples(self.name, split, images, labels, indices)

@@ -1,0 +1,30 @@
+"""Links to the MLflow UI printed by `stratoflow compare` (no server needed)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+
+from pipelines import settings
+from tasks import reporting
+
+
+def test_a_local_store_links_to_where_mlflow_ui_serves(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, "sqlite:////tmp/x/mlflow.db")
+    url = reporting.compare_url(["abc", "def"], ["3", "3"])
+    assert url == 'http://127.0.0.1:5000/#/compare-runs?runs=["abc","def"]&experiments=["3"]'
+    assert "--port 5000" in reporting.ui_command()
+
+
+def test_a_tracking_server_links_to_its_own_ui(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, "https://mlflow.example.com/")
+    url = reporting.compare_url(["abc"], ["1", "2"])
+    base, fragment = url.split("#")
+    assert base == "https://mlflow.example.com/"
+    route, query = fragment.split("?")
+    assert route == "/compare-runs"
+    fields = dict(urllib.parse.parse_qsl(query))
+    assert json.loads(fields["runs"]) == ["abc"]
+    assert json.loads(fields["experiments"]) == ["1", "2"]
