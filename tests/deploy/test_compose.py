@@ -430,6 +430,38 @@ def test_airflow_environment_names(services: dict[str, Any]) -> None:
     )
 
 
+# What only one of the two topologies sets, and why; everything else is the same in both.
+COMPOSE_ONLY_AIRFLOW_ENV = {
+    "STRATOFLOW_CLUSTER",  # the standing TF servers exist in compose only
+    "STRATOFLOW_COORDINATOR_HOST",  # ... and reach the coordinator by its service name
+    "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",  # the compose healthcheck polls it
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",  # Airflow's default, stated for operators
+}
+LOCAL_ONLY_AIRFLOW_ENV = {
+    "AIRFLOW_HOME",  # the image sets it
+    "PYTHONPATH",  # the image installs the project
+    "AIRFLOW__API__HOST",  # a free loopback port instead of the container's 8080
+    "AIRFLOW__API__PORT",
+    "AIRFLOW__API__BASE_URL",
+    "AIRFLOW__API__WORKERS",  # one api-server worker on a 2-core test machine
+    "AIRFLOW__API__EXPOSE_CONFIG",
+}
+
+
+def test_compose_and_the_local_stack_give_airflow_the_same_settings() -> None:
+    # `make services` (pipelines/services.py) is the topology the tests run for real; the
+    # compose file must not drift from it.
+    from pipelines import services
+
+    for component in services.AIRFLOW_COMPONENTS:
+        local = set(services.environment_names(component)) - LOCAL_ONLY_AIRFLOW_ENV
+        compose = STACK_AIRFLOW_ENV_KEYS - COMPOSE_ONLY_AIRFLOW_ENV
+        assert local == compose, (
+            f"{component}: the local stack and docker-compose.yml differ: only local "
+            f"{sorted(local - compose)}, only compose {sorted(compose - local)}"
+        )
+
+
 def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
     pyproject: dict[str, Any], compose: dict[str, Any]
 ) -> None:
