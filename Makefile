@@ -12,7 +12,7 @@ PIPELINE ?= mnist
 CONF ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean-state services services-status services-stop chromium
+.PHONY: install run test lint bench clean-state services services-status services-stop system-packages
 
 install: $(INSTALLED)
 
@@ -28,10 +28,14 @@ run: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The headless browser of the MLflow UI test (Debian's chromium, driven by Playwright); needs root
-# when it is missing. The test skips, saying so, where it is not installed.
-chromium:
-	command -v chromium >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium)
+# The system programs the tests need, from Debian's packages (needs root when one is missing):
+# PostgreSQL's server (the services stack and the compose scripts' tests run their own cluster)
+# and chromium (the MLflow UI browser test, driven by Playwright). Nothing to do when present.
+SYSTEM_PACKAGES = $(if $(wildcard /usr/lib/postgresql/*/bin/initdb),,postgresql) \
+	$(if $(shell command -v chromium),,chromium)
+system-packages:
+	$(if $(strip $(SYSTEM_PACKAGES)),apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends $(SYSTEM_PACKAGES),@echo "system packages present")
 
 # Benchmarks: figures and ratios, written to docs/BENCHMARKS.md (not timed tests).
 bench: $(INSTALLED)
