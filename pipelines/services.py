@@ -30,7 +30,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import settings
+from tasks.cluster import free_ports
+from tasks.launcher import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,6 @@ RETIRED_GRACE_SECONDS = 3.0
 LOG_TAIL_LINES = 40
 STATE_FILE = "services.json"
 SECRETS_FILE = "secrets.json"
-_PR_SET_PDEATHSIG = 1
 
 
 class ServiceError(RuntimeError):
@@ -414,7 +414,7 @@ class Stack:
                 cwd=str(config.postgres_dir if component == POSTGRES else config.state_dir),
                 # Its own process group, so stopping it stops its children too.
                 start_new_session=True,
-                preexec_fn=_die_with_parent() if self.attached else None,
+                preexec_fn=die_with_parent(signal.SIGTERM) if self.attached else None,
                 **(_postgres_user() if as_postgres else {}),
             )
         self.processes[component] = _Process(popen.pid, _create_time(popen.pid), popen)
@@ -674,7 +674,7 @@ class Stack:
         else:
             stack_secrets = _new_secrets()
             _write_private(secrets_path, stack_secrets)
-        ports = dict(zip((POSTGRES, MLFLOW, API_SERVER), _free_ports(3), strict=True))
+        ports = dict(zip((POSTGRES, MLFLOW, API_SERVER), free_ports(3), strict=True))
         config = StackConfig(
             state_dir=self.state_dir,
             ports=ports,
@@ -801,19 +801,6 @@ def _write_private(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((HOST, 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _needs_user_switch() -> bool:
     return os.geteuid() == 0
 
@@ -902,22 +889,6 @@ def group_members(pgid: int, exclude: set[int]) -> Iterator[Any]:
         with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
             if os.getpgid(candidate.pid) == pgid:
                 yield candidate
-
-
-def _die_with_parent() -> Callable[[], None]:
-    """A `preexec_fn`: the child gets SIGTERM (a clean shutdown) when its starter dies.
-
-    libc is loaded here, in the parent: the child may already run as another OS user that
-    cannot read this interpreter's files.
-    """
-    import ctypes
-
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-
-    def set_parent_death_signal() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return set_parent_death_signal
 
 
 def _http_problem(url: str, check_body: Callable[[Any], str | None]) -> str | None:

@@ -124,7 +124,7 @@ class _Running:
             text=True,
             bufsize=1,
             env=env,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent(signal.SIGKILL),
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -279,7 +279,15 @@ def _describe_exit(returncode: int) -> str:
     return f"was killed by {signal_name}"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL when the parent dies, so no orphan keeps training."""
+def die_with_parent(signum: int) -> Callable[[], None]:
+    """A `preexec_fn` giving the child signal `signum` when its starter dies, so no orphan is left.
+
+    libc is loaded here, in the parent: the child may already run as another OS user that cannot
+    read this interpreter's files.
+    """
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+
+    return set_parent_death_signal
