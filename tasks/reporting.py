@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import settings
+from pipelines.runner import dag_id_for
 from tasks import tracking
 
 # Where `mlflow ui` serves by default (the address `ui_command` starts it on).
@@ -63,7 +64,7 @@ def compare_runs(
 
     Args:
         pipeline: the pipeline name.
-        limit: how many of the newest runs (ignored when `run_ids` is given).
+        limit: how many of the newest retrain runs (ignored when `run_ids` is given).
         run_ids: exactly these MLflow runs of the pipeline instead.
 
     Raises:
@@ -81,7 +82,10 @@ def compare_runs(
                 f"{', '.join(missing)}"
             )
     else:
-        runs = _search(mlflow_client, pipeline, "", limit)
+        # The retrain runs only: a strategy benchmark's runs are in the same experiment, and
+        # `run_ids` picks them.
+        retrain = f"tags.`airflow.dag_id` = '{dag_id_for(pipeline)}'"
+        runs = _search(mlflow_client, pipeline, retrain, limit)
     rows = []
     for run in runs:
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics

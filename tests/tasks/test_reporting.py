@@ -28,3 +28,23 @@ def test_a_tracking_server_links_to_its_own_ui(monkeypatch: pytest.MonkeyPatch):
     fields = dict(urllib.parse.parse_qsl(query))
     assert json.loads(fields["runs"]) == ["abc"]
     assert json.loads(fields["experiments"]) == ["1", "2"]
+
+
+def test_compare_lists_the_retrain_runs_and_a_benchmark_run_only_when_picked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+):
+    from tasks import tracking
+
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow_client = tracking.client()
+    experiment_id = tracking.ensure_experiment(mlflow_client, "digits")
+    run_ids = {
+        dag_id: mlflow_client.create_run(
+            experiment_id, tags={"airflow.dag_id": dag_id, "strategy": "one_device"}
+        ).info.run_id
+        for dag_id in ("retrain_digits", "benchmark_strategies_digits")
+    }
+    listed = [row["run_id"] for row in reporting.compare_runs("digits")]
+    assert listed == [run_ids["retrain_digits"]]
+    picked = reporting.compare_runs("digits", run_ids=[run_ids["benchmark_strategies_digits"]])
+    assert [row["run_id"] for row in picked] == [run_ids["benchmark_strategies_digits"]]
