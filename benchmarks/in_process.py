@@ -1,15 +1,16 @@
 """Benchmarks that run inside one fresh TensorFlow process; prints one JSON object.
 
-`python -m benchmarks.in_process single` (one logical CPU device): stratoflow's training run
-(`tasks.training.train`, one_device, custom loop) vs a bare Keras `fit` on the same tf.data
-input, the custom loop fed by the real TFDS input vs by synthetic in-memory tensors, and the
-achieved FLOP/s of the training step vs TensorFlow's own matmul FLOP/s.
-`python -m benchmarks.in_process mirrored` (two logical CPUs): stratoflow's run under mirrored(2)
-vs the one_device custom loop.
+`python -m benchmarks.in_process single` (one logical CPU device): an epoch of stratoflow's
+custom loop (`_CustomLoopEpoch` under one_device, on the input `tasks.training.train` builds)
+vs an epoch of a bare Keras `fit` on that same tf.data input; the loop fed by in-memory tensors
+instead (real vs synthetic input); a matmul probe for the achieved vs peak FLOP/s (MFU).
+`python -m benchmarks.in_process mirrored` (two logical CPUs): the loop under mirrored(2) vs
+under one_device.
 
-The variants are interleaved: after each epoch of stratoflow's run, every baseline runs one
-epoch (and the matmul probe runs once), so a burst of load from other jobs on the machine hits
-all of them alike. The first epoch of each (tracing) is not counted; figures are medians.
+The variants run in turns, one epoch each per round, so a burst of load from other jobs on the
+machine hits all of them alike; the first round (tracing) is not kept. Ratios are medians of the
+per-round ratios. Wall time is the figure; CPU time (`time.process_time`, all threads) is also
+reported, as it is much less sensitive to other jobs on a shared machine.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 ROUNDS = 7  # measured epochs per variant, after one warm-up epoch
 MATMUL_SIZE = 2048
+MATMUL_RUNS = 10
 
 
 def main(mode: str) -> None:
@@ -51,69 +51,90 @@ def _single(spec: Any, dataset: Any) -> dict[str, Any]:
 
     examples = _examples_per_epoch(spec, dataset)
     one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
-    baselines = {
-        "keras_fit": _keras_fit_epoch(spec, dataset),
-        "real_input": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset)),
-        "synthetic_input": _custom_epoch(
-            spec, dataset, one_device, _synthetic_batches(spec, dataset)
-        ),
-        "matmul": _matmul_seconds,
-    }
-    seconds = _interleaved(spec, dataset, "one_device", baselines)
+    timings = _round_robin(
+        {
+            "stratoflow": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset)),
+            "keras_fit": _keras_fit_epoch(spec, dataset),
+            "synthetic_input": _custom_epoch(
+                spec, dataset, one_device, _synthetic_batches(spec, dataset)
+            ),
+            "matmul": _matmul,
+        }
+    )
+    wall, cpu = timings["wall"], timings["cpu"]
+    flops_per_example = training_flops_per_example(spec, dataset)
     return {
-        "stratoflow_examples_per_second": _rate(examples, seconds["stratoflow"]),
-        "keras_fit_examples_per_second": _rate(examples, seconds["keras_fit"]),
-        "real_input_examples_per_second": _rate(examples, seconds["real_input"]),
-        "synthetic_input_examples_per_second": _rate(examples, seconds["synthetic_input"]),
-        "training_flops_per_example": training_flops_per_example(spec, dataset),
-        "matmul_flops_per_second": _rate(2.0 * MATMUL_SIZE**3, seconds["matmul"]),
-        "per_round_ratio_vs_keras_fit": [
-            fit / ours
-            for ours, fit in zip(seconds["stratoflow"], seconds["keras_fit"], strict=True)
-        ],
+        "stratoflow_examples_per_second": _rate(examples, wall["stratoflow"]),
+        "keras_fit_examples_per_second": _rate(examples, wall["keras_fit"]),
+        "synthetic_input_examples_per_second": _rate(examples, wall["synthetic_input"]),
+        "training_flops_per_example": flops_per_example,
+        "matmul_flops_per_second": _rate(MATMUL_RUNS * 2.0 * MATMUL_SIZE**3, wall["matmul"]),
+        "stratoflow_vs_keras_fit": _paired_ratio(wall["keras_fit"], wall["stratoflow"]),
+        "real_vs_synthetic_input": _paired_ratio(wall["synthetic_input"], wall["stratoflow"]),
+        "mfu": _mfu(examples * flops_per_example, wall["stratoflow"], wall["matmul"]),
+        "cpu_time": {
+            "stratoflow_vs_keras_fit": _paired_ratio(cpu["keras_fit"], cpu["stratoflow"]),
+            "real_vs_synthetic_input": _paired_ratio(cpu["synthetic_input"], cpu["stratoflow"]),
+            "mfu": _mfu(examples * flops_per_example, cpu["stratoflow"], cpu["matmul"]),
+        },
+        "seconds": timings,
     }
 
 
 def _mirrored(spec: Any, dataset: Any) -> dict[str, Any]:
-    import tensorflow as tf
-
-    examples = _examples_per_epoch(spec, dataset)
-    one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
-    baselines = {
-        "one_device": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset))
-    }
-    seconds = _interleaved(spec, dataset, "mirrored", baselines)
-    return {
-        "mirrored_examples_per_second": _rate(examples, seconds["stratoflow"]),
-        "one_device_examples_per_second": _rate(examples, seconds["one_device"]),
-    }
-
-
-def _interleaved(
-    spec: Any, dataset: Any, strategy: str, baselines: dict[str, Callable[[int], float]]
-) -> dict[str, list[float]]:
-    """Seconds per measured epoch of stratoflow's run and of each baseline, taken in turns."""
     import dataclasses
 
-    from tasks.training import train
+    from tasks.strategies import make_strategy
 
-    seconds: dict[str, list[float]] = {name: [] for name in baselines}
+    examples = _examples_per_epoch(spec, dataset)
+    strategies = {  # as stratoflow's training process makes them
+        name: make_strategy(dataclasses.replace(spec.training, strategy=name, replicas=2))
+        for name in ("mirrored", "one_device")
+    }
+    timings = _round_robin(
+        {
+            name: _custom_epoch(spec, dataset, strategy, _real_batches(spec, dataset))
+            for name, strategy in strategies.items()
+        }
+    )
+    wall, cpu = timings["wall"], timings["cpu"]
+    return {
+        "mirrored_examples_per_second": _rate(examples, wall["mirrored"]),
+        "one_device_examples_per_second": _rate(examples, wall["one_device"]),
+        "mirrored_vs_one_device": _paired_ratio(wall["one_device"], wall["mirrored"]),
+        "cpu_time": {"mirrored_vs_one_device": _paired_ratio(cpu["one_device"], cpu["mirrored"])},
+        "seconds": timings,
+    }
 
-    def between_epochs(metrics: Any) -> None:
-        for name, run_epoch in baselines.items():
-            seconds[name].append(run_epoch(metrics.epoch))
 
-    training = dataclasses.replace(spec.training, strategy=strategy, replicas=2, epochs=ROUNDS + 1)
-    with tempfile.TemporaryDirectory() as run_dir:
-        result = train(
-            dataclasses.replace(spec, training=training),
-            dataset,
-            Path(run_dir),
-            on_epoch_end=between_epochs,
+def _round_robin(variants: dict[str, Callable[[int], Any]]) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU seconds of each variant's epochs, run in turns; the first round not kept."""
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for epoch in range(ROUNDS + 1):
+        for name, run_epoch in variants.items():
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            run_epoch(epoch)
+            if epoch:  # the first call traces
+                wall[name].append(time.perf_counter() - wall_start)
+                cpu[name].append(time.process_time() - cpu_start)
+    return {"wall": wall, "cpu": cpu}
+
+
+def _paired_ratio(baseline_seconds: list[float], seconds: list[float]) -> float:
+    """Median over rounds of baseline time / time: each pair ran seconds apart."""
+    return float(statistics.median(b / s for b, s in zip(baseline_seconds, seconds, strict=True)))
+
+
+def _mfu(epoch_flops: float, epoch_seconds: list[float], matmul_seconds: list[float]) -> float:
+    """Median over rounds of the training FLOP/s over the matmul FLOP/s of the same round."""
+    matmul_flops = MATMUL_RUNS * 2.0 * MATMUL_SIZE**3
+    return float(
+        statistics.median(
+            (epoch_flops / ours) / (matmul_flops / matmul)
+            for ours, matmul in zip(epoch_seconds, matmul_seconds, strict=True)
         )
-    measured = {name: values[1:] for name, values in seconds.items()}
-    measured["stratoflow"] = [epoch["seconds"] for epoch in result.history[1:]]
-    return measured
+    )
 
 
 def _examples_per_epoch(spec: Any, dataset: Any) -> int:
@@ -161,8 +182,8 @@ def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
 
 def _custom_epoch(
     spec: Any, dataset: Any, strategy: Any, batches: Callable[[int], Any]
-) -> Callable[[int], float]:
-    """One epoch of stratoflow's custom loop (`_CustomLoopEpoch`) on `batches`; returns seconds."""
+) -> Callable[[int], Any]:
+    """An epoch of the loop `tasks.training.train` runs (`_CustomLoopEpoch`), on `batches`."""
     from tasks.training import _CustomLoopEpoch  # the very loop stratoflow trains with
 
     with strategy.scope():
@@ -171,16 +192,10 @@ def _custom_epoch(
     run_epoch = _CustomLoopEpoch(
         strategy, model, optimizer, batch, batches, dataset.split_sizes["train"] // batch
     )
-
-    def timed(epoch: int) -> float:
-        start = time.perf_counter()
-        run_epoch(epoch, lambda: None)
-        return time.perf_counter() - start
-
-    return timed
+    return lambda epoch: run_epoch(epoch, lambda: None)
 
 
-def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], float]:
+def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], Any]:
     """The baseline: a plain compiled Keras model and `fit`, nothing of stratoflow's loop."""
     import tensorflow as tf
 
@@ -191,13 +206,7 @@ def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], float]:
         metrics=["accuracy"],
     )
     batches = _real_batches(spec, dataset)
-
-    def timed(epoch: int) -> float:
-        start = time.perf_counter()
-        model.fit(batches(epoch), epochs=1, verbose=0)
-        return time.perf_counter() - start
-
-    return timed
+    return lambda epoch: model.fit(batches(epoch), epochs=1, verbose=0)
 
 
 def training_flops_per_example(spec: Any, dataset: Any) -> float:
@@ -224,21 +233,17 @@ def training_flops_per_example(spec: Any, dataset: Any) -> float:
 _MATMUL: dict[str, Any] = {}
 
 
-def _matmul_seconds(epoch: int) -> float:
-    """Seconds per 2048 x 2048 float32 matmul (mean of 10): TensorFlow's peak on this host."""
+def _matmul(epoch: int) -> None:
+    """MATMUL_RUNS 2048 x 2048 float32 matmuls: TensorFlow's peak FLOP/s on this host."""
     import tensorflow as tf
 
     if not _MATMUL:
         _MATMUL["a"] = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
         _MATMUL["b"] = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
         _MATMUL["f"] = tf.function(lambda x, y: tf.linalg.matmul(x, y))
-        _MATMUL["f"](_MATMUL["a"], _MATMUL["b"]).numpy()  # trace and warm up
-    runs = 10
-    start = time.perf_counter()
-    for _ in range(runs):
+    for _ in range(MATMUL_RUNS):
         result = _MATMUL["f"](_MATMUL["a"], _MATMUL["b"])
     result.numpy()
-    return (time.perf_counter() - start) / runs
 
 
 if __name__ == "__main__":
