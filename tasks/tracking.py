@@ -182,71 +182,30 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> None:
 
 
 class EpochLogger:
-    """Streams each epoch's metrics into the run as the epoch ends (step = epoch), exactly once.
-
-    A background thread does the MLflow work (its import, the client, each `log_batch`), so
-    training never waits for the tracking store. `close()` waits until every epoch handed over
-    is logged and raises what went wrong there (so does the next call after a failure). Epochs a
-    crashed process never got into MLflow are in its checkpointed history: the retry's
-    `log_missing` logs them, and epochs MLflow already holds are skipped.
-    """
+    """Streams each epoch's metrics into the run as the epoch ends (step = epoch), exactly once."""
 
     def __init__(self, tracking_uri: str, run_id: str):
-        import queue
-        import threading
-
+        self.client = client(tracking_uri)
         self.run_id = run_id
-        self._pending: queue.Queue[dict[str, float] | None] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._log_in_background, args=(tracking_uri,), name="epoch-logger", daemon=True
-        )
-        self._thread.start()
+        history = self.client.get_metric_history(run_id, "loss")
+        self.logged_epochs = {metric.step for metric in history}
 
     def __call__(self, metrics: Any) -> None:
-        self._raise_if_failed()
         values = metrics if isinstance(metrics, dict) else dataclasses.asdict(metrics)
-        self._pending.put(dict(values))
+        epoch = int(values["epoch"])
+        if epoch in self.logged_epochs:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key, float(values[key]), now, epoch) for key in EPOCH_METRICS]
+        self.client.log_batch(self.run_id, metrics=batch)
+        self.logged_epochs.add(epoch)
 
     def log_missing(self, history: Iterable[dict[str, float]]) -> None:
         """Log checkpointed epochs a previous attempt saved but did not get into MLflow."""
         for entry in history:
             self(entry)
-
-    def close(self) -> None:
-        """Wait until every epoch handed over is in MLflow.
-
-        Raises:
-            TrackingUnavailableError: logging failed (the cause is chained).
-        """
-        self._pending.put(None)
-        self._thread.join()
-        self._raise_if_failed()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise TrackingUnavailableError(
-                f"logging epoch metrics to MLflow run {self.run_id} failed: "
-                f"{type(self._error).__name__}: {self._error}"
-            ) from self._error
-
-    def _log_in_background(self, tracking_uri: str) -> None:
-        try:
-            from mlflow.entities import Metric
-
-            mlflow_client = client(tracking_uri)
-            history = mlflow_client.get_metric_history(self.run_id, "loss")
-            logged = {metric.step for metric in history}
-            while (values := self._pending.get()) is not None:
-                epoch = int(values["epoch"])
-                if epoch in logged:
-                    continue
-                now = int(time.time() * 1000)
-                batch = [Metric(key, float(values[key]), now, epoch) for key in EPOCH_METRICS]
-                mlflow_client.log_batch(self.run_id, metrics=batch)
-                logged.add(epoch)
-        except BaseException as error:  # handed to the training thread by close() / __call__
-            self._error = error
 
 
 def champion(model_name: str) -> tuple[str, float] | None:

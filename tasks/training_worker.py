@@ -39,8 +39,6 @@ def main(payload_path: str, result_path: str) -> None:
     result = training.train(
         spec, DatasetRef.from_dict(payload["dataset"]), run_dir, on_epoch_end=epoch_logger
     )
-    if epoch_logger is not None:
-        epoch_logger.close()  # every epoch in MLflow (or the error) before the result
     Path(result_path).write_text(json.dumps(result.to_dict()))
     # The process exits next: its last garbage collection need not walk TensorFlow's heap (~2.5 s).
     gc.freeze()
