@@ -127,14 +127,13 @@ def _paired_ratio(baseline_seconds: list[float], seconds: list[float]) -> float:
 
 
 def _mfu(epoch_flops: float, epoch_seconds: list[float], matmul_seconds: list[float]) -> float:
-    """Median over rounds of the training FLOP/s over the matmul FLOP/s of the same round."""
+    """The fastest epoch's FLOP/s over the fastest matmul round's: each one's least disturbed.
+
+    A peak is what the denominator means; and other jobs slow the 2-thread matmul more than the
+    training step, so a median over loaded rounds would overstate the MFU.
+    """
     matmul_flops = MATMUL_RUNS * 2.0 * MATMUL_SIZE**3
-    return float(
-        statistics.median(
-            (epoch_flops / ours) / (matmul_flops / matmul)
-            for ours, matmul in zip(epoch_seconds, matmul_seconds, strict=True)
-        )
-    )
+    return (epoch_flops / min(epoch_seconds)) / (matmul_flops / min(matmul_seconds))
 
 
 def _examples_per_epoch(spec: Any, dataset: Any) -> int:

@@ -141,13 +141,17 @@ def _orchestration() -> dict[str, Any]:
     from tasks import reporting, tracking
 
     home = runner.airflow_home()
-    runner.ensure_airflow_db(home, runner.airflow_env(home))  # one-off set-up, not per run
+    env = runner.airflow_env(home)
+    runner.ensure_airflow_db(home, env)  # one-off set-up, not per run
+    # What `make run` does (runner.run_pipeline), with the `airflow dags test` process timed alone.
     started = time.perf_counter()
-    code = runner.run_pipeline("mnist", {})
+    runner.check_conf("mnist", {})
+    dags_test_started = time.perf_counter()
+    run_id = runner._dags_test("mnist", {}, home, env)  # raises if the DAG run failed
+    dags_test_wall = time.perf_counter() - dags_test_started
+    summary = reporting.describe_dag_run("mnist", "retrain_mnist", run_id)
+    sys.stdout.write(runner.format_summary("mnist", run_id, summary))
     wall = time.perf_counter() - started
-    if code:
-        raise RuntimeError("the benchmark's DAG run failed")
-    summary = reporting.describe_dag_run("mnist", "retrain_mnist")
     metrics = tracking.client().get_run(summary["mlflow_run_id"]).data.metrics
     with sqlite3.connect(home / "airflow.db") as db:
         tasks = dict(
@@ -158,7 +162,8 @@ def _orchestration() -> dict[str, Any]:
             ).fetchall()
         )
     return {
-        "wall_seconds": wall,
+        "wall_seconds": dags_test_wall,
+        "make_run_seconds": wall,
         "task_seconds": tasks,
         "train_seconds": metrics.get("train_seconds"),
         "seconds_to_first_step": metrics.get("seconds_to_first_step"),
@@ -347,7 +352,9 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "GFLOP/s",
             "- whole DAG run (`airflow dags test`, default mnist): "
             f"{orchestration['wall_seconds']:.0f} s, of which "
-            f"{orchestration['wall_seconds'] - tasks_total:.1f} s outside the tasks; "
+            f"{orchestration['wall_seconds'] - tasks_total:.1f} s outside the tasks "
+            f"(`make run` in all, with its checks and summary: "
+            f"{orchestration['make_run_seconds']:.0f} s); "
             "tasks: "
             + ", ".join(
                 f"{task} {seconds:.1f} s" for task, seconds in orchestration["task_seconds"].items()
