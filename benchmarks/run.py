@@ -67,7 +67,11 @@ def main() -> None:
     figures["orchestration"] = _orchestration()
     figures["bench_seconds"] = time.perf_counter() - started
     figures["load_average"] = {"before": load_before, "after": os.getloadavg()}
-    rows = _rows(figures, _previous_values())
+    figures["written"] = time.strftime("%Y-%m-%d")
+    figures["machine"] = _machine()
+    previous = _previous_run()
+    figures["previous_run"] = previous["about"]
+    rows = _rows(figures, previous["values"])
     DOCS.mkdir(exist_ok=True)
     (DOCS / "benchmarks.json").write_text(json.dumps({"figures": figures, "rows": rows}, indent=1))
     (DOCS / "BENCHMARKS.md").write_text(_markdown(figures, rows))
@@ -235,12 +239,20 @@ def _rows(figures: dict[str, Any], previous: dict[str, float]) -> list[dict[str,
     return rows
 
 
-def _previous_values() -> dict[str, float]:
-    """The values of the last `make bench` (docs/benchmarks.json), to show the change."""
+def _previous_run() -> dict[str, Any]:
+    """The last `make bench` (docs/benchmarks.json and .md): its values, date and machine."""
     path = DOCS / "benchmarks.json"
     if not path.is_file():
-        return {}
-    return {row["comparison"]: row["value"] for row in json.loads(path.read_text())["rows"]}
+        return {"values": {}, "about": "none"}
+    saved = json.loads(path.read_text())
+    header = (DOCS / "BENCHMARKS.md").read_text() if (DOCS / "BENCHMARKS.md").is_file() else ""
+    lines = {line.split(" ", 1)[0]: line for line in header.splitlines() if line}
+    written = saved["figures"].get("written") or lines.get("Written", "").split(" on ")[-1][:10]
+    machine = saved["figures"].get("machine") or lines.get("Machine:", "Machine: ?")[9:]
+    return {
+        "values": {row["comparison"]: row["value"] for row in saved["rows"]},
+        "about": f"{written}, on {machine.split(',')[0].strip().rstrip('.')}",
+    }
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -326,7 +338,7 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "median of the per-round ratios. *value* is from wall-clock time (the verdict uses "
             "it); *CPU-time ratio* is the same comparison from the process's CPU time, which "
             "other jobs on the machine barely affect. *previous run* is the value of the "
-            "`make bench` before this one.",
+            f"`make bench` before this one ({figures['previous_run']}).",
             "",
             *table,
             "",
@@ -368,20 +380,35 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "Profiled with py-spy on 2026-12-03 (a `dags test` of the digits pipeline) and by "
             "timestamps in the task logs, under load:",
             "",
-            "- Airflow's own fixed costs, outside every task: the CLI's start, DAG parsing and the "
-            "DAG run's creation (~3.5 s), and the in-process execution API that `dags test` "
-            "builds before the first task (FastAPI + Cadwyn schema generation, ~5-6 s). "
-            "stratoflow cannot remove these; with the training now faster they are most of the "
-            "overhead ratio, which is why it stays above 10 %.",
+            "- Airflow's own fixed costs: the CLI's start, DAG parsing and the DAG run's creation "
+            "(2-3.5 s), the in-process execution API that `dags test` builds for the first task "
+            "(FastAPI + Cadwyn schema generation, 4-6 s, partly counted in prepare_dataset's "
+            "duration) and the CLI's teardown. stratoflow cannot remove these; with the tasks "
+            "now much shorter they are the whole overhead ratio, which is why it stays above 10 %.",
             "- The interpreter's final garbage collection over TensorFlow's, Keras' and "
-            "MLflow's objects when `dags test` exits (4-7 s) and when the training process exits "
-            "(~2.5 s): removed, every step and the training process `gc.freeze()` the heap.",
+            "MLflow's objects when `dags test` exits (4-7 s, ~20 % of its main thread's samples "
+            "were in the collector) and when the training process exits (~2.5 s): removed, every "
+            "step and the training process `gc.freeze()` the heap (exit now ~0.2 s).",
             "- Python bytecode: with `PYTHONDONTWRITEBYTECODE` set, each process recompiled "
             "TensorFlow's sources on import (tensorflow + keras: 19.6 s instead of 7.1 s); "
-            "`make install` now compiles the venv once.",
+            "`make install` now compiles the venv once. This shortened every task that imports "
+            "TensorFlow, the training process's start most.",
             "- Still paid inside the tasks: TensorFlow's import in the training process and "
             "again in the Airflow process for evaluate_model (the training runs in a child by "
             "design, so a native crash cannot take the task down); MLflow's import.",
+            "",
+            "## Why multi-worker mirrored misses its target",
+            "",
+            "Measured by hand on 2026-12-03 (task API, 3 epochs, under load; ratio to one_device "
+            "with 2 intra-op threads in the same script): multi_worker_mirrored with **1** worker "
+            "(2 threads) 1.21, so the strategy and the loop cost nothing by themselves; with 2 "
+            "workers 0.475 (2 threads each) and 0.487 (1 each), so thread over-subscription is "
+            "not it either; with 2 workers and batch 256 0.30, so it is not a per-step "
+            "communication latency that larger batches would amortise. What is left is two "
+            "processes that must meet at every step's all-reduce on 2 cores shared with other "
+            "jobs: a step waits for the slower worker, and the profile cannot see inside the one "
+            "`tf.function` call an epoch now is. A host with free cores per worker is needed to "
+            "tell more.",
             "",
             "## Scaling on paper",
             "",
