@@ -1,10 +1,16 @@
 """Benchmarks that run inside one fresh TensorFlow process; prints one JSON object.
 
-`python -m benchmarks.in_process single` (one logical CPU device): stratoflow's custom-loop
-step vs a bare Keras `fit` on the same tf.data pipeline, real TFDS input vs synthetic in-memory
-tensors, the achieved FLOP/s of the training step vs TensorFlow's own matmul FLOP/s.
-`python -m benchmarks.in_process mirrored` (two logical CPUs): stratoflow's loop under mirrored.
-Each variant runs REPEATS times, interleaved, after a warm-up epoch that absorbs tracing.
+`python -m benchmarks.in_process single` (one logical CPU device): an epoch of stratoflow's
+custom loop (`_CustomLoopEpoch` under one_device, on the input `tasks.training.train` builds)
+vs an epoch of a bare Keras `fit` on that same tf.data input; the loop fed by in-memory tensors
+instead (real vs synthetic input); a matmul probe for the achieved vs peak FLOP/s (MFU).
+`python -m benchmarks.in_process mirrored` (two logical CPUs): the loop under mirrored(2) vs
+under one_device.
+
+The variants run in turns, one epoch each per round, so a burst of load from other jobs on the
+machine hits all of them alike; the first round (tracing) is not kept. Ratios are medians of the
+per-round ratios. Wall time is the figure; CPU time (`time.process_time`, all threads) is also
+reported, as it is much less sensitive to other jobs on a shared machine.
 """
 
 from __future__ import annotations
@@ -13,83 +19,153 @@ import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-REPEATS = 3
-EPOCHS = 3  # per repeat; the first is warm-up (tracing) and is not counted
+ROUNDS = 7  # measured epochs per variant, after one warm-up epoch
 MATMUL_SIZE = 2048
+MATMUL_RUNS = 10
 
 
 def main(mode: str) -> None:
     from tasks.strategies import configure_host_devices
 
     configure_host_devices(2 if mode == "mirrored" else 1)
-    import tensorflow as tf
-
     from pipelines.spec import load_spec
     from tasks.datasets import prepare_dataset
 
     spec = load_spec("mnist")
     dataset = prepare_dataset(spec.dataset)
-    results: dict[str, Any] = {"mode": mode}
+    results: dict[str, Any] = {"mode": mode, "rounds": ROUNDS}
     if mode == "mirrored":
-        results["mirrored_examples_per_second"] = _median(
-            [_stratoflow_throughput(spec, dataset, "mirrored") for _ in range(REPEATS)]
-        )
+        results.update(_mirrored(spec, dataset))
     else:
-        stratoflow, keras_fit, synthetic, real = [], [], [], []
-        for _ in range(REPEATS):
-            stratoflow.append(_stratoflow_throughput(spec, dataset, "one_device"))
-            keras_fit.append(_keras_fit_throughput(spec, dataset))
-            real_rate, synthetic_rate = _input_comparison(spec, dataset)
-            real.append(real_rate)
-            synthetic.append(synthetic_rate)
-        results.update(
-            stratoflow_examples_per_second=_median(stratoflow),
-            keras_fit_examples_per_second=_median(keras_fit),
-            real_input_examples_per_second=_median(real),
-            synthetic_input_examples_per_second=_median(synthetic),
-            training_flops_per_example=training_flops_per_example(spec, dataset),
-            matmul_flops_per_second=_median([_matmul_flops(tf) for _ in range(REPEATS)]),
-        )
+        results.update(_single(spec, dataset))
     results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sys.stdout.write(json.dumps(results) + "\n")
 
 
-def _median(values: list[float]) -> float:
-    return float(statistics.median(values))
-
-
-def _stratoflow_throughput(spec: Any, dataset: Any, strategy: str) -> float:
-    import dataclasses
-
-    from tasks.training import train
-
-    training = dataclasses.replace(spec.training, strategy=strategy, replicas=2, epochs=EPOCHS)
-    with tempfile.TemporaryDirectory() as run_dir:
-        result = train(dataclasses.replace(spec, training=training), dataset, Path(run_dir))
-    return _median([epoch["examples_per_second"] for epoch in result.history[1:]])
-
-
-def _batches(dataset: Any, batch_size: int, seed: int, epoch: int) -> Any:
+def _single(spec: Any, dataset: Any) -> dict[str, Any]:
     import tensorflow as tf
 
-    from tasks.datasets import load_split
-
-    return (
-        load_split(dataset, "train")
-        .cache()
-        .shuffle(dataset.split_sizes["train"], seed=seed + epoch, reshuffle_each_iteration=False)
-        .batch(batch_size, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
+    examples = _examples_per_epoch(spec, dataset)
+    one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+    timings = _round_robin(
+        {
+            "stratoflow": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset)),
+            "keras_fit": _keras_fit_epoch(spec, dataset),
+            "synthetic_input": _custom_epoch(
+                spec, dataset, one_device, _synthetic_batches(spec, dataset)
+            ),
+            "matmul": _matmul,
+        }
     )
+    wall, cpu = timings["wall"], timings["cpu"]
+    flops_per_example = training_flops_per_example(spec, dataset)
+    return {
+        "stratoflow_examples_per_second": _rate(examples, wall["stratoflow"]),
+        "keras_fit_examples_per_second": _rate(examples, wall["keras_fit"]),
+        "synthetic_input_examples_per_second": _rate(examples, wall["synthetic_input"]),
+        "training_flops_per_example": flops_per_example,
+        "matmul_flops_per_second": _rate(MATMUL_RUNS * 2.0 * MATMUL_SIZE**3, wall["matmul"]),
+        "stratoflow_vs_keras_fit": _paired_ratio(wall["keras_fit"], wall["stratoflow"]),
+        "real_vs_synthetic_input": _paired_ratio(wall["synthetic_input"], wall["stratoflow"]),
+        "mfu": _mfu(examples * flops_per_example, wall["stratoflow"], wall["matmul"]),
+        "cpu_time": {
+            "stratoflow_vs_keras_fit": _paired_ratio(cpu["keras_fit"], cpu["stratoflow"]),
+            "real_vs_synthetic_input": _paired_ratio(cpu["synthetic_input"], cpu["stratoflow"]),
+            "mfu": _mfu(examples * flops_per_example, cpu["stratoflow"], cpu["matmul"]),
+        },
+        "seconds": timings,
+    }
 
 
-def _keras_fit_throughput(spec: Any, dataset: Any) -> float:
-    """The baseline: a plain compiled Keras model and `fit`, nothing of stratoflow's loop."""
+def _mirrored(spec: Any, dataset: Any) -> dict[str, Any]:
+    import dataclasses
+
+    from tasks.strategies import make_strategy
+
+    examples = _examples_per_epoch(spec, dataset)
+    strategies = {  # as stratoflow's training process makes them
+        name: make_strategy(dataclasses.replace(spec.training, strategy=name, replicas=2))
+        for name in ("mirrored", "one_device")
+    }
+    timings = _round_robin(
+        {
+            name: _custom_epoch(spec, dataset, strategy, _real_batches(spec, dataset))
+            for name, strategy in strategies.items()
+        }
+    )
+    wall, cpu = timings["wall"], timings["cpu"]
+    return {
+        "mirrored_examples_per_second": _rate(examples, wall["mirrored"]),
+        "one_device_examples_per_second": _rate(examples, wall["one_device"]),
+        "mirrored_vs_one_device": _paired_ratio(wall["one_device"], wall["mirrored"]),
+        "cpu_time": {"mirrored_vs_one_device": _paired_ratio(cpu["one_device"], cpu["mirrored"])},
+        "seconds": timings,
+    }
+
+
+def _round_robin(variants: dict[str, Callable[[int], Any]]) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU seconds of each variant's epochs, run in turns; the first round not kept."""
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
+    for epoch in range(ROUNDS + 1):
+        for name, run_epoch in variants.items():
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            run_epoch(epoch)
+            if epoch:  # the first call traces
+                wall[name].append(time.perf_counter() - wall_start)
+                cpu[name].append(time.process_time() - cpu_start)
+    return {"wall": wall, "cpu": cpu}
+
+
+def _paired_ratio(baseline_seconds: list[float], seconds: list[float]) -> float:
+    """Median over rounds of baseline time / time: each pair ran seconds apart."""
+    return float(statistics.median(b / s for b, s in zip(baseline_seconds, seconds, strict=True)))
+
+
+def _mfu(epoch_flops: float, epoch_seconds: list[float], matmul_seconds: list[float]) -> float:
+    """The fastest epoch's FLOP/s over the fastest matmul round's: each one's least disturbed.
+
+    A peak is what the denominator means; and other jobs slow the 2-thread matmul more than the
+    training step, so a median over loaded rounds would overstate the MFU.
+    """
+    matmul_flops = MATMUL_RUNS * 2.0 * MATMUL_SIZE**3
+    return (epoch_flops / min(epoch_seconds)) / (matmul_flops / min(matmul_seconds))
+
+
+def _examples_per_epoch(spec: Any, dataset: Any) -> int:
+    batch = spec.training.batch_size
+    return int(dataset.split_sizes["train"] // batch * batch)
+
+
+def _rate(amount: float, seconds: list[float]) -> float:
+    return float(statistics.median(amount / value for value in seconds))
+
+
+def _real_batches(spec: Any, dataset: Any) -> Callable[[int], Any]:
+    """The very input stratoflow trains on (TFDS files, cached, reshuffled each epoch)."""
+    from tasks.training import make_epoch_batches
+
+    return make_epoch_batches(dataset, spec.training.batch_size, spec.training.seed)
+
+
+def _synthetic_batches(spec: Any, dataset: Any) -> Callable[[int], Any]:
+    """The same examples as in-memory tensors: no file reading, decoding or shuffling."""
+    import tensorflow as tf
+
+    from tasks.datasets import load_arrays
+
+    images, labels = load_arrays(dataset, "train")
+    batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(
+        spec.training.batch_size, drop_remainder=True
+    )
+    return lambda epoch: batches
+
+
+def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
     from tasks.models import build_model
@@ -98,61 +174,38 @@ def _keras_fit_throughput(spec: Any, dataset: Any) -> float:
     model = build_model(
         spec.model.builder, dataset.image_shape, dataset.num_classes, spec.model.hyperparameters
     )
+    optimizer = tf.keras.optimizers.Adam(spec.training.learning_rate)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def _custom_epoch(
+    spec: Any, dataset: Any, strategy: Any, batches: Callable[[int], Any]
+) -> Callable[[int], Any]:
+    """An epoch of the loop `tasks.training.train` runs (`_CustomLoopEpoch`), on `batches`."""
+    from tasks.training import _CustomLoopEpoch  # the very loop stratoflow trains with
+
+    with strategy.scope():
+        model, optimizer = _new_model(spec, dataset)
+    batch = spec.training.batch_size
+    run_epoch = _CustomLoopEpoch(
+        strategy, model, optimizer, batch, batches, dataset.split_sizes["train"] // batch
+    )
+    return lambda epoch: run_epoch(epoch, lambda: None)
+
+
+def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], Any]:
+    """The baseline: a plain compiled Keras model and `fit`, nothing of stratoflow's loop."""
+    import tensorflow as tf
+
+    model, optimizer = _new_model(spec, dataset)
     model.compile(
-        optimizer=tf.keras.optimizers.Adam(spec.training.learning_rate),
+        optimizer=optimizer,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    batch = spec.training.batch_size
-    batches = _batches(dataset, batch, spec.training.seed, 1).cache()
-    steps = dataset.split_sizes["train"] // batch
-    rates = []
-    for epoch in range(EPOCHS):
-        start = time.perf_counter()
-        model.fit(batches, epochs=1, verbose=0)
-        if epoch:
-            rates.append(steps * batch / (time.perf_counter() - start))
-    return _median(rates)
-
-
-def _input_comparison(spec: Any, dataset: Any) -> tuple[float, float]:
-    """The same custom-loop epochs fed by the real TFDS pipeline and by in-memory tensors."""
-    import tensorflow as tf
-
-    from tasks.models import build_model
-    from tasks.training import _CustomLoopEpoch  # the very loop stratoflow trains with
-
-    batch = spec.training.batch_size
-    real_batches = _batches(dataset, batch, spec.training.seed, 1)
-    images, labels = next(iter(real_batches.unbatch().batch(dataset.split_sizes["train"])))
-    synthetic = tf.data.Dataset.from_tensor_slices((images, labels)).batch(
-        batch, drop_remainder=True
-    )
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    rates = {}
-    for name, source in (
-        ("real", lambda epoch: _batches(dataset, batch, spec.training.seed, epoch)),
-        ("synthetic", lambda epoch: synthetic),
-    ):
-        with strategy.scope():
-            model = build_model(
-                spec.model.builder,
-                dataset.image_shape,
-                dataset.num_classes,
-                spec.model.hyperparameters,
-            )
-            optimizer = tf.keras.optimizers.Adam(spec.training.learning_rate)
-            optimizer.build(model.trainable_variables)
-        run_epoch = _CustomLoopEpoch(strategy, model, optimizer, batch, source)
-        steps = dataset.split_sizes["train"] // batch
-        measured = []
-        for epoch in range(EPOCHS):
-            start = time.perf_counter()
-            run_epoch(epoch, lambda: None)
-            if epoch:
-                measured.append(steps * batch / (time.perf_counter() - start))
-        rates[name] = _median(measured)
-    return rates["real"], rates["synthetic"]
+    batches = _real_batches(spec, dataset)
+    return lambda epoch: model.fit(batches(epoch), epochs=1, verbose=0)
 
 
 def training_flops_per_example(spec: Any, dataset: Any) -> float:
@@ -176,17 +229,20 @@ def training_flops_per_example(spec: Any, dataset: Any) -> float:
     return 3.0 * forward
 
 
-def _matmul_flops(tf: Any) -> float:
-    a = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
-    b = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
-    matmul = tf.function(lambda x, y: tf.linalg.matmul(x, y))
-    matmul(a, b).numpy()  # trace and warm up
-    runs = 10
-    start = time.perf_counter()
-    for _ in range(runs):
-        result = matmul(a, b)
+_MATMUL: dict[str, Any] = {}
+
+
+def _matmul(epoch: int) -> None:
+    """MATMUL_RUNS 2048 x 2048 float32 matmuls: TensorFlow's peak FLOP/s on this host."""
+    import tensorflow as tf
+
+    if not _MATMUL:
+        _MATMUL["a"] = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
+        _MATMUL["b"] = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
+        _MATMUL["f"] = tf.function(lambda x, y: tf.linalg.matmul(x, y))
+    for _ in range(MATMUL_RUNS):
+        result = _MATMUL["f"](_MATMUL["a"], _MATMUL["b"])
     result.numpy()
-    return runs * 2.0 * MATMUL_SIZE**3 / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,14 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
         def parameter_server_cluster() -> list[Member]:
             layout = local_layout(training.workers, training.ps, chief=True)
             servers = [
-                Member(f"{job} {index}", SERVER_MODULE, _env(layout, job, index), server=True)
+                Member(
+                    f"{job} {index}",
+                    SERVER_MODULE,
+                    _env(
+                        layout, job, index, _host_share(training.workers) if job == "worker" else {}
+                    ),
+                    server=True,
+                )
                 for job, index in layout.members()
                 if job != "chief"
             ]
@@ -108,7 +115,11 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
         def multi_worker_cluster() -> list[Member]:
             layout = local_layout(training.workers)
             return [
-                Member(f"worker {index}", TRAINING_MODULE, _env(layout, "worker", index))
+                Member(
+                    f"worker {index}",
+                    TRAINING_MODULE,
+                    _env(layout, "worker", index, _host_share(training.workers)),
+                )
                 for index in range(training.workers)
             ]
 
@@ -131,9 +142,27 @@ def check_reachable(jobs: dict[str, list[str]], timeout_seconds: float = 5.0) ->
                 ) from None
 
 
-def _env(layout: ClusterLayout, job: str, index: int) -> dict[str, str]:
+def _env(
+    layout: ClusterLayout, job: str, index: int, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     # GRPC_FAIL_FAST: a dead peer fails the call at once instead of being waited for.
-    return {"TF_CONFIG": layout.tf_config(job, index), "GRPC_FAIL_FAST": "use_caller"}
+    return {
+        "TF_CONFIG": layout.tf_config(job, index),
+        "GRPC_FAIL_FAST": "use_caller",
+        **(extra or {}),
+    }
+
+
+def _host_share(workers: int) -> dict[str, str]:
+    """Each of `workers` processes on this host computes with its share of the cores.
+
+    TensorFlow gives every process as many intra-op threads as the host has cores, so N local
+    workers would run N x cores threads on the cores and wait on each other's preempted threads
+    at every collective. A TF_NUM_INTRAOP_THREADS already set by the user wins.
+    """
+    if "TF_NUM_INTRAOP_THREADS" in os.environ:
+        return {}
+    return {"TF_NUM_INTRAOP_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
 
 
 def this_process_is_chief() -> bool:

@@ -8,16 +8,42 @@ inside, so importing this module is cheap.
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pipelines import settings
 from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_training
 
 logger = logging.getLogger(__name__)
+
+Step = TypeVar("Step", bound=Callable[..., Any])
+
+
+def freezes_heap(step: Step) -> Step:
+    """After `step`, move every object alive into the collector's permanent generation.
+
+    A step leaves TensorFlow, Keras and MLflow imported: millions of long-lived objects that each
+    later full collection walks again, and so does the interpreter's last collection at exit
+    (measured: 4-7 s at the end of every `airflow dags test`, ~20 % of its main thread's time in
+    the collector). Frozen objects are never scanned again; the process ends with its DAG run
+    (`dags test`) or its task (a scheduler's task process), so the few cycles frozen with them
+    are not worth a collection.
+    """
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return step(*args, **kwargs)
+        finally:
+            gc.freeze()
+
+    return run  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,7 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     return replace(spec, training=override_training(spec.training, overrides))
 
 
+@freezes_heap
 def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str, Any]:
     """Validate the run's config, build or load the dataset and open the run's MLflow run.
 
@@ -88,6 +115,7 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str,
     return {**reference, "mlflow_run_id": mlflow_run_id}
 
 
+@freezes_heap
 def train(
     pipeline: str, params: dict[str, Any], run: AirflowRun, dataset: dict[str, Any]
 ) -> dict[str, Any]:
@@ -154,6 +182,7 @@ def run_training(
     return result
 
 
+@freezes_heap
 def evaluate(
     pipeline: str,
     params: dict[str, Any],
@@ -228,6 +257,7 @@ def score_test_split(
     return result
 
 
+@freezes_heap
 def log_and_register(
     pipeline: str,
     params: dict[str, Any],

@@ -126,7 +126,6 @@ def train(
     scratch = None if chief else Path(tempfile.mkdtemp(prefix="stratoflow-worker-"))
     store = _CheckpointStore(run_dir, model, optimizer, write_dir=scratch)
     start_epoch = store.restore()
-    train_examples = load_split(dataset, "train").cache()
     steps_per_epoch = dataset.split_sizes["train"] // training.batch_size
     if steps_per_epoch == 0:
         raise ValueError(
@@ -134,32 +133,9 @@ def train(
             "training examples"
         )
     validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
-    shard_by_data = tf.data.Options()
-    # Explicit: AUTO falls back silently, OFF duplicates examples across workers (DESIGN.md).
-    shard_by_data.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
+    epoch_batches = make_epoch_batches(
+        dataset, training.batch_size, training.seed, remote=training.strategy == "parameter_server"
     )
-
-    remote_input = training.strategy == "parameter_server"
-
-    def epoch_batches(epoch: int) -> tf.data.Dataset:
-        # A parameter-server worker builds its input itself: a dataset made here cannot be
-        # shipped to it ("Unable to parse tensor proto").
-        examples = load_split(dataset, "train").cache() if remote_input else train_examples
-        seed: Any = training.seed + epoch
-        if remote_input:
-            # Every PS worker runs this same function with no worker index, so a fixed seed
-            # would give them identical batch orders (each batch trained twice, half the split
-            # never): draw each worker's order from its own clock instead.
-            seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
-        return (
-            examples.shuffle(
-                dataset.split_sizes["train"], seed=seed, reshuffle_each_iteration=False
-            )
-            .batch(training.batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
-            .with_options(shard_by_data)
-            .prefetch(tf.data.AUTOTUNE)
-        )
 
     run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
     if training.loop == "fit":
@@ -169,7 +145,9 @@ def train(
             strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
         )
     else:
-        run_epoch = _CustomLoopEpoch(strategy, model, optimizer, training.batch_size, epoch_batches)
+        run_epoch = _CustomLoopEpoch(
+            strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+        )
     evaluate = _make_evaluator(model)
 
     result = TrainingResult(
@@ -218,6 +196,45 @@ def train(
     return result
 
 
+def make_epoch_batches(
+    dataset: DatasetRef, batch_size: int, seed: int, remote: bool = False
+) -> Callable[[int], tf.data.Dataset]:
+    """The training input: epoch → that epoch's batches (the split reshuffled with `seed + epoch`).
+
+    Args:
+        dataset: the prepared dataset.
+        batch_size: the global batch; a partial last batch is dropped.
+        seed: the run's seed.
+        remote: parameter-server input, built by each worker itself.
+    """
+    train_examples = load_split(dataset, "train").cache()
+    size = dataset.split_sizes["train"]
+    shard_by_data = tf.data.Options()
+    # Explicit: AUTO falls back silently, OFF duplicates examples across workers (DESIGN.md).
+    shard_by_data.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
+
+    def epoch_batches(epoch: int) -> tf.data.Dataset:
+        # A parameter-server worker builds its input itself: a dataset made here cannot be
+        # shipped to it ("Unable to parse tensor proto").
+        examples = load_split(dataset, "train").cache() if remote else train_examples
+        epoch_seed: Any = seed + epoch
+        if remote:
+            # Every PS worker runs this same function with no worker index, so a fixed seed
+            # would give them identical batch orders (each batch trained twice, half the split
+            # never): draw each worker's order from its own clock instead.
+            epoch_seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
+        return (
+            examples.shuffle(size, seed=epoch_seed, reshuffle_each_iteration=False)
+            .batch(batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
+            .with_options(shard_by_data)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    return epoch_batches
+
+
 def _announce_ready() -> None:
     """Tell the launcher this process is up (its peers' start-up is timed from this)."""
     sys.stdout.write(READY_MARKER + "\n")
@@ -261,13 +278,12 @@ def _make_step_fn(model: Any, optimizer: Any, global_batch_size: int) -> Callabl
     return step_fn
 
 
-def _make_train_step(strategy: Any, step_fn: Callable[..., Any], from_iterator: bool) -> Any:
-    """`strategy.run` of one step, the per-replica loss and correct count summed."""
+def _make_train_step(strategy: Any, step_fn: Callable[..., Any]) -> Any:
+    """`strategy.run` of one step on the next batch of `iterator`; loss and correct count summed."""
 
     @tf.function
-    def train_step(batch_or_iterator: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        batch = next(batch_or_iterator) if from_iterator else batch_or_iterator
-        per_replica_loss, per_replica_correct = strategy.run(step_fn, args=batch)
+    def train_step(iterator: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        per_replica_loss, per_replica_correct = strategy.run(step_fn, args=next(iterator))
         return (
             strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None),
             strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_correct, axis=None),
@@ -277,7 +293,14 @@ def _make_train_step(strategy: Any, step_fn: Callable[..., Any], from_iterator: 
 
 
 class _CustomLoopEpoch:
-    """One epoch of the custom loop: `strategy.run` per step, losses scaled by the global batch."""
+    """One epoch of the custom loop: `strategy.run` per step, losses scaled by the global batch.
+
+    The steps run inside one `tf.function` (a `tf.range` loop over the batch iterator, as Keras'
+    `steps_per_execution` does): one call for the first step (it marks the first step done), one
+    for the rest of the epoch. No Python runs between steps, which is where a per-step call lost
+    time to `fit`; the batches, their order and the number of steps are the same as one call per
+    step, and so are the sums (same order of float additions).
+    """
 
     def __init__(
         self,
@@ -286,26 +309,51 @@ class _CustomLoopEpoch:
         optimizer: Any,
         global_batch_size: int,
         epoch_batches: Callable[[int], tf.data.Dataset],
+        steps: int,
     ):
         self.strategy = strategy
         self.epoch_batches = epoch_batches
         self.global_batch_size = global_batch_size
+        self.steps = steps
+        # One replica on the CPU: the distributed-dataset wrapper only adds per-batch work (measured
+        # at 5-10 % of the epoch here), so the loop reads the batches directly.
+        self.distribute_input = strategy.num_replicas_in_sync > 1 or bool(
+            tf.config.list_logical_devices("GPU")
+        )
         step_fn = _make_step_fn(model, optimizer, global_batch_size)
-        self.train_step = _make_train_step(strategy, step_fn, from_iterator=False)
+
+        @tf.function
+        def run_steps(
+            iterator: Any, steps: tf.Tensor, total_loss: tf.Tensor, total_correct: tf.Tensor
+        ) -> tuple[tf.Tensor, tf.Tensor]:
+            # `steps` is a tensor: the one-step and the rest-of-epoch calls share one trace.
+            for _ in tf.range(steps):
+                per_replica_loss, per_replica_correct = strategy.run(step_fn, args=next(iterator))
+                total_loss += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, None)
+                total_correct += strategy.reduce(
+                    tf.distribute.ReduceOp.SUM, per_replica_correct, None
+                )
+            return total_loss, total_correct
+
+        self.run_steps = run_steps
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
+        batches = self.epoch_batches(epoch)
+        if self.distribute_input:
+            batches = self.strategy.experimental_distribute_dataset(batches)
+        iterator = iter(batches)
         # Sums stay tensors: reading a value each step would stall the host on every step.
-        total_loss = total_correct = tf.constant(0.0)
-        steps = 0
-        for batch in self.strategy.experimental_distribute_dataset(self.epoch_batches(epoch)):
-            loss, correct = self.train_step(batch)
-            if not steps:
-                loss.numpy()
-                first_step_done()
-            total_loss += loss
-            total_correct += correct
-            steps += 1
-        return float(total_loss) / steps, float(total_correct) / (steps * self.global_batch_size)
+        total_loss, total_correct = self.run_steps(
+            iterator, tf.constant(1), tf.constant(0.0), tf.constant(0.0)
+        )
+        total_loss.numpy()
+        first_step_done()
+        total_loss, total_correct = self.run_steps(
+            iterator, tf.constant(self.steps - 1), total_loss, total_correct
+        )
+        return float(total_loss) / self.steps, float(total_correct) / (
+            self.steps * self.global_batch_size
+        )
 
 
 class _ParameterServerEpoch:
@@ -330,7 +378,7 @@ class _ParameterServerEpoch:
         self.steps = steps
         self.global_batch_size = global_batch_size
         step_fn = _make_step_fn(model, optimizer, global_batch_size)
-        self.train_step = _make_train_step(strategy, step_fn, from_iterator=True)
+        self.train_step = _make_train_step(strategy, step_fn)
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
         per_worker = self.coordinator.create_per_worker_dataset(

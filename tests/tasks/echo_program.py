@@ -1,4 +1,7 @@
-"""A tiny child for the launcher tests: echoes value + 1, printing a line a second as it sleeps."""
+"""A tiny child for the launcher tests: echoes value + 1, printing a line a second as it sleeps.
+
+With `"announce": true` in the payload it first prints the launcher's ready marker.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ import time
 from pathlib import Path
 
 payload = json.loads(Path(sys.argv[1]).read_text())
+if payload.get("announce"):  # tell the launcher it is up, as a cluster member does
+    sys.stdout.write("STRATOFLOW-READY\n")
+    sys.stdout.flush()
 for _ in range(int(payload.get("sleep", 0))):
     sys.stdout.write("still sleeping\n")
     sys.stdout.flush()

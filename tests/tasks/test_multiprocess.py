@@ -247,7 +247,10 @@ def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
         ]
 
     try:
-        result = launcher.run_cluster(members, "result", {"value": 1, "sleep": 40})
+        # Announced: a ps that is up in seconds (bytecode compiled) must not time the result out.
+        result = launcher.run_cluster(
+            members, "result", {"value": 1, "sleep": 40, "announce": True}
+        )
     finally:
         blocker.close()
     assert result == {"value": 2}
