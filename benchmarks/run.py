@@ -151,7 +151,8 @@ def _orchestration() -> dict[str, Any]:
     started = time.perf_counter()
     runner.check_conf("mnist", {})
     dags_test_started = time.perf_counter()
-    run_id = runner._dags_test("mnist", {}, home, env)  # raises if the DAG run failed
+    # Raises if the DAG run failed.
+    run_id = runner.dags_test(runner.dag_id_for("mnist"), {}, home, env)
     dags_test_wall = time.perf_counter() - dags_test_started
     summary = reporting.describe_dag_run("mnist", "retrain_mnist", run_id)
     sys.stdout.write(runner.format_summary("mnist", run_id, summary))

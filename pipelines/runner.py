@@ -241,10 +241,15 @@ def _run_locally(
     home = airflow_home()
     env = airflow_env(home)
     ensure_airflow_db(home, env)
-    return _dags_test(dag_id, conf, home, env)
+    return dags_test(dag_id, conf, home, env)
 
 
-def _dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
+def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
+    """Run DAG `dag_id` once with `airflow dags test` and return its run id.
+
+    Raises:
+        RunError: the DAG run failed or was not created (names the failed tasks).
+    """
     db = home / "airflow.db"
     previous = _latest_run(db, dag_id)
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
