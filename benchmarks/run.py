@@ -387,6 +387,12 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "(FastAPI + Cadwyn schema generation, 4-6 s, partly counted in prepare_dataset's "
             "duration) and the CLI's teardown. stratoflow cannot remove these; with the tasks "
             "now much shorter they are the whole overhead ratio, which is why it stays above 10 %.",
+            "- The same on a quiet machine (second session of 2026-12-03, 4 `dags test` runs of "
+            "default mnist, 24-27 s each): 3.3-3.5 s outside the tasks (0.13-0.14). Starting "
+            "the `airflow` CLI alone takes 1.45 s; from the DAG run's start to the first task's "
+            "start 1.65 s; between tasks 0.02 s; after the last task 0.07 s. Parsing only the "
+            "retrain DAG's file (`dags test -f`) saved nothing measurable (3.3-3.5 s either "
+            "way). The ratio would reach 10 % only with a run of 33 s or more.",
             "- The interpreter's final garbage collection over TensorFlow's, Keras' and "
             "MLflow's objects when `dags test` exits (4-7 s, ~20 % of its main thread's samples "
             "were in the collector) and when the training process exits (~2.5 s): removed, every "
@@ -401,16 +407,23 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "",
             "## Why multi-worker mirrored misses its target",
             "",
-            "Measured by hand on 2026-12-03 (task API, 3 epochs, under load; ratio to one_device "
-            "with 2 intra-op threads in the same script): multi_worker_mirrored with **1** worker "
-            "(2 threads) 1.21, so the strategy and the loop cost nothing by themselves; with 2 "
-            "workers 0.475 (2 threads each) and 0.487 (1 each), so thread over-subscription is "
-            "not it either; with 2 workers and batch 256 0.30, so it is not a per-step "
-            "communication latency that larger batches would amortise. What is left is two "
-            "processes that must meet at every step's all-reduce on 2 cores shared with other "
-            "jobs: a step waits for the slower worker, and the profile cannot see inside the one "
-            "`tf.function` call an epoch now is. A host with free cores per worker is needed to "
-            "tell more.",
+            "Measured by hand on 2026-12-03 (task API, 3 epochs, under load; ratio to "
+            "one_device with 2 intra-op threads in the same script): multi_worker_mirrored with "
+            "**1** worker (2 threads) 1.21, so the strategy and the loop cost nothing by "
+            "themselves; with 2 workers 0.475 (2 threads each) and 0.487 (1 each), so thread "
+            "over-subscription is not it either; with 2 workers and batch 256 0.30. Measured "
+            "again on a quiet machine (second session of 2026-12-03, Keras `fit` on in-memory "
+            "tensors, medians of epochs): one process gains little from its second thread on "
+            "this model (1 thread, batch 32: 5,710 examples/s; 2 threads, batch 64: 6,050), and "
+            "two 1-thread processes running side by side get 3,140-3,900 examples/s each, "
+            "0.55-0.68 of a lone one: the 2 vCPUs do not give two independent cores' worth. A "
+            "2-worker all-reduce of the 0.90 MB gradient takes 2.4 ms on an idle host (a scalar "
+            "one 0.8 ms; RING and AUTO alike), and more while both cores compute. Dropping the "
+            "per-step all-reduces of loss and accuracy (summing them locally instead) changed "
+            "nothing: 2,963 vs 2,963 examples/s over 8 epochs. So the ceiling here is the host: "
+            "two workers share less than two cores' worth of compute and still have to meet at "
+            "an all-reduce every step. A host with a free core per worker is needed to tell "
+            "more.",
             "",
             "## Scaling on paper",
             "",
