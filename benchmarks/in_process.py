@@ -2,8 +2,9 @@
 
 `python -m benchmarks.in_process single` (one logical CPU device): an epoch of stratoflow's
 custom loop (`_CustomLoopEpoch` under one_device, on the input `tasks.training.train` builds)
-vs an epoch of a bare Keras `fit` on that same tf.data input; the loop fed by in-memory tensors
-instead (real vs synthetic input); a matmul probe for the achieved vs peak FLOP/s (MFU).
+vs an epoch of a bare Keras `fit` on that same tf.data input; that `fit` XLA-compiled
+(`jit_compile=True`); the loop fed by in-memory tensors instead (real vs synthetic input); a
+matmul probe for the achieved vs peak FLOP/s (MFU).
 `python -m benchmarks.in_process mirrored` (two logical CPUs): the loop under mirrored(2) vs
 under one_device.
 
@@ -51,30 +52,38 @@ def _single(spec: Any, dataset: Any) -> dict[str, Any]:
 
     examples = _examples_per_epoch(spec, dataset)
     one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+    # Round order matters: the machine's speed can change between two epochs (other jobs), so each
+    # ratio's two sides run back to back: fit, the loop, synthetic input; XLA (slow) comes last.
     timings = _round_robin(
         {
-            "stratoflow": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset)),
             "keras_fit": _keras_fit_epoch(spec, dataset),
+            "stratoflow": _custom_epoch(spec, dataset, one_device, _real_batches(spec, dataset)),
             "synthetic_input": _custom_epoch(
                 spec, dataset, one_device, _synthetic_batches(spec, dataset)
             ),
             "matmul": _matmul,
+            # Keras' own default on a CPU-only host is no XLA; this measures whether it helps.
+            "keras_fit_xla": _keras_fit_epoch(spec, dataset, jit_compile=True),
         }
     )
     wall, cpu = timings["wall"], timings["cpu"]
     flops_per_example = training_flops_per_example(spec, dataset)
     return {
+        "examples_per_epoch": examples,
         "stratoflow_examples_per_second": _rate(examples, wall["stratoflow"]),
         "keras_fit_examples_per_second": _rate(examples, wall["keras_fit"]),
         "synthetic_input_examples_per_second": _rate(examples, wall["synthetic_input"]),
+        "keras_fit_xla_examples_per_second": _rate(examples, wall["keras_fit_xla"]),
         "training_flops_per_example": flops_per_example,
         "matmul_flops_per_second": _rate(MATMUL_RUNS * 2.0 * MATMUL_SIZE**3, wall["matmul"]),
         "stratoflow_vs_keras_fit": _paired_ratio(wall["keras_fit"], wall["stratoflow"]),
         "real_vs_synthetic_input": _paired_ratio(wall["synthetic_input"], wall["stratoflow"]),
+        "xla_vs_keras_fit": _paired_ratio(wall["keras_fit"], wall["keras_fit_xla"]),
         "mfu": _mfu(examples * flops_per_example, wall["stratoflow"], wall["matmul"]),
         "cpu_time": {
             "stratoflow_vs_keras_fit": _paired_ratio(cpu["keras_fit"], cpu["stratoflow"]),
             "real_vs_synthetic_input": _paired_ratio(cpu["synthetic_input"], cpu["stratoflow"]),
+            "xla_vs_keras_fit": _paired_ratio(cpu["keras_fit"], cpu["keras_fit_xla"]),
             "mfu": _mfu(examples * flops_per_example, cpu["stratoflow"], cpu["matmul"]),
         },
         "seconds": timings,
@@ -194,8 +203,11 @@ def _custom_epoch(
     return lambda epoch: run_epoch(epoch, lambda: None)
 
 
-def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], Any]:
-    """The baseline: a plain compiled Keras model and `fit`, nothing of stratoflow's loop."""
+def _keras_fit_epoch(spec: Any, dataset: Any, jit_compile: Any = "auto") -> Callable[[int], Any]:
+    """The baseline: a plain compiled Keras model and `fit`, nothing of stratoflow's loop.
+
+    `jit_compile=True` compiles the train step with XLA ("auto", Keras' default, does not on CPU).
+    """
     import tensorflow as tf
 
     model, optimizer = _new_model(spec, dataset)
@@ -203,6 +215,7 @@ def _keras_fit_epoch(spec: Any, dataset: Any) -> Callable[[int], Any]:
         optimizer=optimizer,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        jit_compile=jit_compile,
     )
     batches = _real_batches(spec, dataset)
     return lambda epoch: model.fit(batches(epoch), epochs=1, verbose=0)
