@@ -449,12 +449,12 @@ LOCAL_ONLY_AIRFLOW_ENV = {
 
 
 def test_compose_and_the_local_stack_give_airflow_the_same_settings() -> None:
-    # `make services` (pipelines/services.py) is the topology the tests run for real; the
+    # `make services` (pipelines/services/) is the topology the tests run for real; the
     # compose file must not drift from it.
-    from pipelines import services
+    from pipelines.services import config as stack_config
 
-    for component in services.AIRFLOW_COMPONENTS:
-        local = set(services.environment_names(component)) - LOCAL_ONLY_AIRFLOW_ENV
+    for component in stack_config.AIRFLOW_COMPONENTS:
+        local = set(stack_config.environment_names(component)) - LOCAL_ONLY_AIRFLOW_ENV
         compose = STACK_AIRFLOW_ENV_KEYS - COMPOSE_ONLY_AIRFLOW_ENV
         assert local == compose, (
             f"{component}: the local stack and docker-compose.yml differ: only local "

@@ -30,16 +30,9 @@ import pytest
 
 from pipelines import assets, settings
 from pipelines.airflow_api import AirflowApi, AirflowApiError
-from pipelines.services import (
-    ADMIN_USER,
-    HOST,
-    MLFLOW,
-    SCHEDULER,
-    Stack,
-    StartReport,
-    group_members,
-    wait_for_dags,
-)
+from pipelines.services import Stack, StartReport, wait_for_dags
+from pipelines.services.config import ADMIN_USER, HOST, MLFLOW, SCHEDULER
+from pipelines.services.processes import group_members
 from tasks.tracking import VERSION_TAG
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from pipelines import assets, services, settings
-from pipelines.services import (
+from pipelines.services import config as stack_config
+from pipelines.services import postgres
+from pipelines.services.config import (
     AIRFLOW_COMPONENTS,
     API_SERVER,
     COMPONENTS,
@@ -29,13 +31,13 @@ def config(tmp_path: Path) -> StackConfig:
     return StackConfig(
         state_dir=tmp_path,
         ports={POSTGRES: 15432, MLFLOW: 15000, API_SERVER: 18080},
-        secrets=services._new_secrets(),
+        secrets=stack_config.new_secrets(),
         data_dir=tmp_path / "tfds",
     )
 
 
 def test_airflow_components_share_one_configuration(config: StackConfig) -> None:
-    environments = [services.environment(c, config) for c in AIRFLOW_COMPONENTS]
+    environments = [stack_config.environment(c, config) for c in AIRFLOW_COMPONENTS]
     assert all(env == environments[0] for env in environments)
     env = environments[0]
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
@@ -51,7 +53,7 @@ def test_airflow_components_share_one_configuration(config: StackConfig) -> None
 
 
 def test_mlflow_uses_its_own_database_and_serves_artifacts(config: StackConfig) -> None:
-    env = services.environment(MLFLOW, config)
+    env = stack_config.environment(MLFLOW, config)
     uri = env["MLFLOW_BACKEND_STORE_URI"]
     # Its own role and password: Airflow's credentials cannot touch MLflow's data.
     password = config.secrets["postgres_mlflow_password"]
@@ -59,14 +61,14 @@ def test_mlflow_uses_its_own_database_and_serves_artifacts(config: StackConfig) 
     assert password != config.secrets["postgres_airflow_password"]
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     assert env["MLFLOW_SERVER_ALLOWED_HOSTS"] == "127.0.0.1:15000,localhost:15000"
-    assert "--serve-artifacts" in services.command(MLFLOW, config)
+    assert "--serve-artifacts" in stack_config.command(MLFLOW, config)
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
 def test_command_lines_bind_loopback_and_carry_no_secret(
     config: StackConfig, component: str
 ) -> None:
-    line = " ".join(services.command(component, config))
+    line = " ".join(stack_config.command(component, config))
     assert not any(secret in line for secret in config.secrets.values())  # `ps` shows argv
     if component in (POSTGRES, MLFLOW, API_SERVER):
         assert "127.0.0.1" in line and str(config.ports[component]) in line
@@ -74,26 +76,26 @@ def test_command_lines_bind_loopback_and_carry_no_secret(
 
 
 def test_environment_names_list_what_each_component_gets() -> None:
-    airflow = services.environment_names(API_SERVER)
+    airflow = stack_config.environment_names(API_SERVER)
     assert "AIRFLOW__API_AUTH__JWT_SECRET" in airflow and settings.TRACKING_URI_ENV in airflow
-    assert all(services.environment_names(c) == airflow for c in AIRFLOW_COMPONENTS)
-    assert "MLFLOW_BACKEND_STORE_URI" in services.environment_names(MLFLOW)
+    assert all(stack_config.environment_names(c) == airflow for c in AIRFLOW_COMPONENTS)
+    assert "MLFLOW_BACKEND_STORE_URI" in stack_config.environment_names(MLFLOW)
 
 
 def test_unknown_component_is_refused_naming_the_known_ones(config: StackConfig) -> None:
     with pytest.raises(ValueError, match="airflow-scheduler"):
-        services.environment("airflow-webserver", config)
+        stack_config.environment("airflow-webserver", config)
 
 
 def test_generated_secrets_differ_each_time() -> None:
-    first, second = services._new_secrets(), services._new_secrets()
+    first, second = stack_config.new_secrets(), stack_config.new_secrets()
     assert first.keys() == second.keys()
     assert not set(first.values()) & set(second.values())
 
 
 def test_postgres_server_programs_are_found() -> None:
-    assert services.postgres_bin("initdb").is_file()
-    assert services.postgres_bin("pg_ctl").is_file()
+    assert postgres.postgres_bin("initdb").is_file()
+    assert postgres.postgres_bin("pg_ctl").is_file()
 
 
 def test_dataset_assets_are_named_after_the_tfds_dataset() -> None:
@@ -160,7 +162,7 @@ def test_a_component_not_healthy_in_time_fails_naming_it_and_quoting_its_log(
     stack.config = StackConfig(
         state_dir=stack.state_dir,
         ports={POSTGRES: closed_port, MLFLOW: closed_port + 1, API_SERVER: closed_port + 2},
-        secrets=services._new_secrets(),
+        secrets=stack_config.new_secrets(),
         data_dir=tmp_path / "tfds",
     )
     try:
