@@ -186,7 +186,7 @@ def environment_names(component: str) -> list[str]:
 def command(component: str, config: StackConfig) -> list[str]:
     """The command line of a long-running component (secrets travel in `environment`)."""
     if component == POSTGRES:
-        return postgres.server_command(config.postgres_dir / "data", HOST, config.ports[POSTGRES])
+        return postgres.server_command(config.postgres_dir, HOST, config.ports[POSTGRES])
     if component == MLFLOW:
         return [
             sys.executable,

@@ -55,12 +55,17 @@ def postgres_bin(program: str) -> Path:
     )
 
 
-def server_command(data_dir: Path, host: str, port: int) -> list[str]:
+def is_initialised(cluster_dir: Path) -> bool:
+    """Whether `initdb` has already created the cluster in `cluster_dir`."""
+    return (cluster_dir / "data" / "PG_VERSION").is_file()
+
+
+def server_command(cluster_dir: Path, host: str, port: int) -> list[str]:
     """The `postgres` command line: TCP on `host` only, no Unix socket."""
     return [
         str(postgres_bin("postgres")),
         "-D",
-        str(data_dir),
+        str(cluster_dir / "data"),
         "-p",
         str(port),
         "-c",

@@ -302,8 +302,7 @@ class Stack:
 
     def _start_postgres(self, deadline: float) -> None:
         config = self._require_config()
-        data = config.postgres_dir / "data"
-        if not (data / "PG_VERSION").is_file():
+        if not postgres.is_initialised(config.postgres_dir):
             postgres.initdb(config.postgres_dir, config.secrets["postgres_superuser_password"])
         self.start_component(POSTGRES)
         self.wait_healthy(POSTGRES, deadline)
