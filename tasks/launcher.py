@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
 # A member prints this line once it is up (imports done, strategy or server created).
 READY_MARKER = "STRATOFLOW-READY"
-# Once one member is up, the others must be up within this long, or the cluster is failed.
+# Once one member is up, the others must be up within this long, or the cluster is failed
+# (the default of `run_cluster`'s `ready_timeout_seconds`).
 READY_TIMEOUT_SECONDS = 30.0
 # No member up after this long (imports take 15-25 s on a busy 2-core host) fails the start.
 START_TIMEOUT_SECONDS = 240.0
@@ -83,6 +84,7 @@ def run_cluster(
     *,
     timeout_seconds: float | None = None,
     attempts: int = 3,
+    ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """Start a cluster, supervise it until member `result_from` finishes, return its result.
 
@@ -92,6 +94,7 @@ def run_cluster(
         payload: JSON-able input, the same file for every member.
         timeout_seconds: fail if the whole run takes longer.
         attempts: how many times a port clash at start-up is retried.
+        ready_timeout_seconds: once one member is up, how long the others have to come up.
 
     Raises:
         ChildProcessFailed: a member died, never came up, or the run timed out; every other
@@ -99,7 +102,9 @@ def run_cluster(
     """
     for attempt in range(1, attempts + 1):
         try:
-            return _Cluster(build_members(), result_from, payload, timeout_seconds).run()
+            return _Cluster(
+                build_members(), result_from, payload, timeout_seconds, ready_timeout_seconds
+            ).run()
         except _PortClash as clash:
             logger.warning("port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash)
     raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
@@ -143,6 +148,9 @@ class _Running:
             logger.info("[%s] %s", self.member.name, line)
 
     def failure(self, what: str) -> str:
+        # The reader ends when the output pipe closes: kill first, or a live child (a timeout, a
+        # member that never came up) would keep it open for the whole join.
+        self.kill()
         self.reader.join(timeout=5)  # the last lines are the ones that explain
         lines = "\n".join(self.tail)
         return (
@@ -163,13 +171,17 @@ class _Cluster:
         result_from: str,
         payload: dict[str, Any],
         timeout_seconds: float | None,
+        ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
     ):
         self.members = members
         self.result_from = result_from
         self.payload = payload
         self.timeout_seconds = timeout_seconds
+        self.ready_timeout_seconds = ready_timeout_seconds
 
     def run(self) -> dict[str, Any]:
+        # Also the members' TMPDIR: what they leave there (a worker's scratch checkpoints) goes
+        # with this folder, even when a member is killed before it could clean up.
         with tempfile.TemporaryDirectory(prefix="stratoflow-child-") as workdir:
             payload_path = Path(workdir) / "payload.json"
             payload_path.write_text(json.dumps(self.payload))
@@ -185,7 +197,12 @@ class _Cluster:
                         str(payload_path),
                         str(result_path),
                     ]
-                    env = {**os.environ, **member.env, "STRATOFLOW_PROCESS_START": str(started)}
+                    env = {
+                        **os.environ,
+                        "TMPDIR": workdir,
+                        **member.env,
+                        "STRATOFLOW_PROCESS_START": str(started),
+                    }
                     running[member.name] = (_Running(member, command, env), result_path)
                 self._supervise({name: entry[0] for name, entry in running.items()})
             finally:
@@ -254,12 +271,12 @@ class _Cluster:
         waiting = [c for c in running.values() if c.ready_at is None and c.process.poll() is None]
         if not waiting:
             return
-        if ready and time.monotonic() - min(ready) > READY_TIMEOUT_SECONDS:
+        if ready and time.monotonic() - min(ready) > self.ready_timeout_seconds:
             names = ", ".join(c.member.name for c in waiting)
             raise ChildProcessFailed(
                 waiting[0].failure(
-                    f"never came up: {names} not ready {READY_TIMEOUT_SECONDS:.0f} s after the "
-                    "first member was"
+                    f"never came up: {names} not ready {self.ready_timeout_seconds:.0f} s after "
+                    "the first member was"
                 )
             )
         if not ready and elapsed > START_TIMEOUT_SECONDS:

@@ -59,3 +59,7 @@ def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
         yield tracking.client()
+
+
+# Fixtures for tests that start processes (tests/processes.py).
+from tests.processes import child_watcher, private_tmpdir  # noqa: E402, F401

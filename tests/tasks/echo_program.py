@@ -1,17 +1,24 @@
 """A tiny child for the launcher tests: echoes value + 1, printing a line a second as it sleeps.
 
-With `"announce": true` in the payload it first prints the launcher's ready marker.
+With `"announce": true` in the payload it first prints the launcher's ready marker, after
+`announce_after` seconds if given. The launcher hands every cluster member the same payload;
+`$ECHO_OVERRIDES` (JSON) changes it for one member.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-payload = json.loads(Path(sys.argv[1]).read_text())
+payload = {
+    **json.loads(Path(sys.argv[1]).read_text()),
+    **json.loads(os.environ.get("ECHO_OVERRIDES", "{}")),
+}
 if payload.get("announce"):  # tell the launcher it is up, as a cluster member does
+    time.sleep(float(payload.get("announce_after", 0)))
     sys.stdout.write("STRATOFLOW-READY\n")
     sys.stdout.flush()
 for _ in range(int(payload.get("sleep", 0))):

@@ -1,10 +1,33 @@
-"""The launcher turns a child's failure into a clear exception, with real child processes."""
+"""The launcher turns a child's failure into a clear exception, in bounded time, with real child
+processes (tiny echo programs, so the timings measure the launcher, not TensorFlow's import)."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import time
+
 import pytest
 
-from tasks.launcher import ChildProcessFailed, run_python_module
+from tasks import launcher
+from tasks.launcher import ChildProcessFailed, Member, run_cluster, run_python_module
+from tests.processes import ECHO_MODULE, cluster_children, kill_during
+
+pytestmark = pytest.mark.integration
+
+# The README promises a dead member fails the task "at once" (measured 0.1-0.3 s); the bound
+# leaves room for a slow CI machine yet catches a launcher that waits for the chief to notice.
+FAILURE_BOUND_SECONDS = 3.0
+
+
+def echo(name: str, **overrides: object) -> Member:
+    """An echo member whose payload `overrides` differ from the cluster's ($ECHO_NAME: `name`)."""
+    return Member(name, ECHO_MODULE, {"ECHO_OVERRIDES": json.dumps(overrides), "ECHO_NAME": name})
+
+
+def named(name: str):
+    """Picks the child started as echo member `name` (for `kill_during`)."""
+    return lambda children: next(c for c in children if c.environ().get("ECHO_NAME") == name)
 
 
 def test_a_native_tensorflow_crash_becomes_a_clear_failure():
@@ -23,12 +46,63 @@ def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp
 
 
 def test_a_result_is_returned():
-    result = run_python_module("tests.tasks.echo_program", {"value": 41}, name="echo")
+    result = run_python_module(ECHO_MODULE, {"value": 41}, name="echo")
     assert result == {"value": 42}
 
 
-def test_a_child_running_past_its_limit_is_killed():
-    with pytest.raises(ChildProcessFailed, match="ran past its 2 s limit"):
-        run_python_module(
-            "tests.tasks.echo_program", {"sleep": 30}, name="sleeper", timeout_seconds=2
-        )
+def test_a_child_running_past_its_limit_is_killed_at_the_limit():
+    started = time.monotonic()
+    with pytest.raises(ChildProcessFailed, match="sleeper .* ran past its 2 s limit; killed"):
+        run_python_module(ECHO_MODULE, {"sleep": 30}, name="sleeper", timeout_seconds=2)
+    elapsed = time.monotonic() - started
+    assert 2 <= elapsed < 2 + FAILURE_BOUND_SECONDS
+    assert cluster_children() == []
+
+
+def test_a_killed_member_fails_the_cluster_at_once():
+    members = [echo("result", announce=True), echo("member 1", announce=True)]
+    killed = kill_during(
+        # The time limit only ends a launcher that would never notice.
+        lambda: run_cluster(lambda: members, "result", {"sleep": 600}, timeout_seconds=60),
+        when=lambda: len(cluster_children()) == 2,
+        victim=named("member 1"),
+    )
+    assert isinstance(killed.error, ChildProcessFailed)
+    assert f"member 1 (pid {killed.victim_pid}) was killed by SIGKILL" in str(killed.error)
+    assert killed.seconds_to_failure < FAILURE_BOUND_SECONDS
+    assert cluster_children() == []
+
+
+def test_a_member_slow_to_come_up_is_given_its_grace_period():
+    """Member 1 comes up 5 s after the result member: inside an 8 s grace, so the run succeeds."""
+    members = [echo("result", announce=True, sleep=9), echo("member 1", announce_after=5)]
+    started = time.monotonic()
+    result = run_cluster(
+        lambda: members, "result", {"value": 1, "announce": True}, ready_timeout_seconds=8
+    )
+    assert result == {"value": 2}
+    assert time.monotonic() - started >= 9  # the result member ran its course
+    assert cluster_children() == []
+
+
+def test_a_member_that_never_comes_up_fails_the_start_when_its_grace_ends():
+    grace = 4.0
+    members = [
+        echo("member 0", announce=True),  # up at once
+        echo("member 1"),  # hangs without announcing itself, as a stuck worker would
+    ]
+    started = time.monotonic()
+    never_up = "member 1 .*never came up: member 1 not ready 4 s after the first member was"
+    with pytest.raises(ChildProcessFailed, match=never_up):
+        run_cluster(lambda: members, "member 0", {"sleep": 600}, ready_timeout_seconds=grace)
+    elapsed = time.monotonic() - started
+    # Member 0 comes up after its start, so the failure cannot come before the grace has passed.
+    assert grace <= elapsed < grace + FAILURE_BOUND_SECONDS
+    assert cluster_children() == []
+
+
+def test_training_runs_get_the_documented_30_second_grace():
+    """README "Supervision": a member not up 30 s after the first one fails the start; training
+    (`tasks.steps.run_training`) calls `run_cluster` without choosing a grace."""
+    default = inspect.signature(run_cluster).parameters["ready_timeout_seconds"].default
+    assert default == launcher.READY_TIMEOUT_SECONDS == 30

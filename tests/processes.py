@@ -1,0 +1,175 @@
+"""Shared helpers for tests that start real processes.
+
+Finding this test's training, server and echo children (now, or every one seen while a run went
+on), a private temp folder to count what a run leaves behind, and the kill-mid-run harness.
+The fixtures are registered in `tests/conftest.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+TRAINING_MODULE = "tasks.training_worker"
+SERVER_MODULE = "tasks.cluster_server"
+ECHO_MODULE = "tests.tasks.echo_program"
+CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE)
+
+
+def _module_of(process: psutil.Process) -> str | None:
+    command = " ".join(process.cmdline())
+    return next((module for module in CHILD_MODULES if module in command), None)
+
+
+def cluster_children() -> list[psutil.Process]:
+    """This process's live descendants that run a training, server or echo program."""
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if _module_of(child):
+                children.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return children
+
+
+def tf_config_of(process: psutil.Process) -> dict[str, Any] | None:
+    """The TF_CONFIG a child was started with, parsed (None without one)."""
+    raw = process.environ().get("TF_CONFIG")
+    return json.loads(raw) if raw else None
+
+
+@dataclass(frozen=True)
+class SeenChild:
+    """A child seen while a run went on: its pid, the module it ran, its TF_CONFIG."""
+
+    pid: int
+    module: str
+    tf_config: dict[str, Any] | None
+
+
+class ChildWatcher:
+    """Records every training/server/echo descendant of this process until stopped.
+
+    Polls every `interval` seconds: cluster members live for the whole run, far longer.
+    Descendants include grandchildren, so it also sees the children of an `airflow dags test`.
+    """
+
+    def __init__(self, interval: float = 0.1):
+        self.interval = interval
+        self.seen: dict[int, SeenChild] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> ChildWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def children(self, module: str | None = None) -> list[SeenChild]:
+        """The children seen so far, optionally only those running `module`."""
+        return [child for child in self.seen.values() if module in (None, child.module)]
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for child in psutil.Process().children(recursive=True):
+                if child.pid in self.seen:
+                    continue
+                try:
+                    module = _module_of(child)
+                    if module:
+                        self.seen[child.pid] = SeenChild(child.pid, module, tf_config_of(child))
+                except psutil.Error:  # gone, or a zombie, before we could look
+                    continue
+            self._stop.wait(self.interval)
+
+
+@pytest.fixture
+def child_watcher() -> Iterator[ChildWatcher]:
+    """A running `ChildWatcher` for the test; stopped when the test ends."""
+    watcher = ChildWatcher().start()
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
+
+
+@pytest.fixture
+def private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty temp folder for this test, its children and theirs (TMPDIR and `tempfile`)."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def leftovers(folder: Path) -> list[str]:
+    """The stratoflow folders (child work folders, worker scratch) left in temp folder `folder`."""
+    return sorted(path.name for path in folder.glob("stratoflow-*"))
+
+
+@dataclass(frozen=True)
+class KilledRun:
+    """How a run went whose child was killed: the error raised and how fast it came."""
+
+    error: BaseException
+    victim_pid: int
+    seconds_to_failure: float
+
+
+def kill_during(
+    run: Callable[[], object],
+    when: Callable[[], bool],
+    victim: Callable[[list[psutil.Process]], psutil.Process],
+    *,
+    wait_seconds: float = 400,
+    fail_within: float = 60,
+) -> KilledRun:
+    """Start `run` in a thread, SIGKILL the child `victim` picks once `when()` holds.
+
+    Args:
+        run: the work that starts children (e.g. a `tasks.steps.train` call); it must raise.
+        when: the moment to kill, e.g. the first checkpoint exists.
+        victim: picks the process to kill from `cluster_children()`.
+        wait_seconds: how long `when()` may take to hold.
+        fail_within: how long `run` may take to raise after the kill.
+
+    Returns:
+        What `run` raised, the victim's pid, and the seconds from the kill to the exception.
+    """
+    outcome: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            run()
+        except BaseException as error:  # noqa: BLE001 - handed to the test, which checks it
+            outcome["failed_at"] = time.monotonic()
+            outcome["error"] = error
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    deadline = time.monotonic() + wait_seconds
+    while not when():
+        assert thread.is_alive(), f"the run ended before the kill: {outcome.get('error')!r}"
+        assert time.monotonic() < deadline, "the moment to kill never came"
+        time.sleep(0.05)
+    target = victim(cluster_children())
+    killed_at = time.monotonic()
+    target.kill()
+    thread.join(fail_within)
+    assert not thread.is_alive(), f"still running {fail_within} s after the kill"
+    assert "error" in outcome, "the run succeeded although a child was killed"
+    return KilledRun(outcome["error"], target.pid, outcome["failed_at"] - killed_at)
