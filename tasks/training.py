@@ -123,77 +123,85 @@ def train(
         _refuse_random_layers(model, training.strategy)
 
     # Every worker restores the chief's checkpoint; only the chief's own saves are kept.
+    # A non-chief's scratch goes on success and on error (the launcher's work folder, its
+    # TMPDIR, catches what a killed worker leaves).
     scratch = None if chief else Path(tempfile.mkdtemp(prefix="stratoflow-worker-"))
-    store = _CheckpointStore(run_dir, model, optimizer, write_dir=scratch)
-    start_epoch = store.restore()
-    steps_per_epoch = dataset.split_sizes["train"] // training.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
-            "training examples"
+    try:
+        store = _CheckpointStore(run_dir, model, optimizer, write_dir=scratch)
+        start_epoch = store.restore()
+        steps_per_epoch = dataset.split_sizes["train"] // training.batch_size
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
+                "training examples"
+            )
+        validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
+        epoch_batches = make_epoch_batches(
+            dataset,
+            training.batch_size,
+            training.seed,
+            remote=training.strategy == "parameter_server",
         )
-    validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
-    epoch_batches = make_epoch_batches(
-        dataset, training.batch_size, training.seed, remote=training.strategy == "parameter_server"
-    )
 
-    run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
-    if training.loop == "fit":
-        run_epoch = _FitEpoch(model, epoch_batches)
-    elif training.strategy == "parameter_server":
-        run_epoch = _ParameterServerEpoch(
-            strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
-        )
-    else:
-        run_epoch = _CustomLoopEpoch(
-            strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
-        )
-    evaluate = _make_evaluator(model)
+        run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
+        if training.loop == "fit":
+            run_epoch = _FitEpoch(model, epoch_batches)
+        elif training.strategy == "parameter_server":
+            run_epoch = _ParameterServerEpoch(
+                strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+            )
+        else:
+            run_epoch = _CustomLoopEpoch(
+                strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+            )
+        evaluate = _make_evaluator(model)
 
-    result = TrainingResult(
-        model_path=str(run_dir / "model.keras"),
-        strategy=training.strategy,
-        loop=training.loop,
-        num_replicas=replicas,
-        num_workers=workers_in_cluster(),
-        global_batch_size=training.batch_size,
-        epochs=training.epochs,
-        resumed_from_epoch=start_epoch,
-        history=list(store.history),
-    )
-    if start_epoch:
-        logger.info(
-            "resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory
+        result = TrainingResult(
+            model_path=str(run_dir / "model.keras"),
+            strategy=training.strategy,
+            loop=training.loop,
+            num_replicas=replicas,
+            num_workers=workers_in_cluster(),
+            global_batch_size=training.batch_size,
+            epochs=training.epochs,
+            resumed_from_epoch=start_epoch,
+            history=list(store.history),
         )
-    process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
-    train_start = time.perf_counter()
-    for epoch in range(start_epoch + 1, training.epochs + 1):
-        epoch_start = time.perf_counter()
-        loss, accuracy = run_epoch(epoch, lambda: _note_first_step(result, process_start))
-        seconds = time.perf_counter() - epoch_start
-        # Validation has no collective ops: the chief alone does it.
-        val_loss, val_accuracy = evaluate(validation) if chief else (float("nan"),) * 2
-        metrics = EpochMetrics(
-            epoch=epoch,
-            loss=loss,
-            accuracy=accuracy,
-            val_loss=val_loss,
-            val_accuracy=val_accuracy,
-            examples_per_second=steps_per_epoch * training.batch_size / seconds,
-            seconds=seconds,
-        )
-        store.save(epoch, metrics)
-        result.history.append(asdict(metrics))
-        if chief and on_epoch_end:  # e.g. the progress line and MLflow (tasks.training_worker)
-            on_epoch_end(metrics)
-    result.train_seconds = time.perf_counter() - train_start
-    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        if start_epoch:
+            logger.info(
+                "resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory
+            )
+        process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
+        train_start = time.perf_counter()
+        for epoch in range(start_epoch + 1, training.epochs + 1):
+            epoch_start = time.perf_counter()
+            loss, accuracy = run_epoch(epoch, lambda: _note_first_step(result, process_start))
+            seconds = time.perf_counter() - epoch_start
+            # Validation has no collective ops: the chief alone does it.
+            val_loss, val_accuracy = evaluate(validation) if chief else (float("nan"),) * 2
+            metrics = EpochMetrics(
+                epoch=epoch,
+                loss=loss,
+                accuracy=accuracy,
+                val_loss=val_loss,
+                val_accuracy=val_accuracy,
+                examples_per_second=steps_per_epoch * training.batch_size / seconds,
+                seconds=seconds,
+            )
+            store.save(epoch, metrics)
+            result.history.append(asdict(metrics))
+            if chief and on_epoch_end:  # e.g. the progress line and MLflow (tasks.training_worker)
+                on_epoch_end(metrics)
+        result.train_seconds = time.perf_counter() - train_start
+        # ru_maxrss is in KiB on Linux.
+        result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-    if chief:
-        model.save(result.model_path)
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)  # type: ignore[arg-type]
-    return result
+        if chief:
+            model.save(result.model_path)
+        return result
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def make_epoch_batches(
