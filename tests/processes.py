@@ -173,3 +173,22 @@ def kill_during(
     assert not thread.is_alive(), f"still running {fail_within} s after the kill"
     assert "error" in outcome, "the run succeeded although a child was killed"
     return KilledRun(outcome["error"], target.pid, outcome["failed_at"] - killed_at)
+
+
+def run_dag(mlflow_client: Any, pipeline: str, conf: dict[str, Any]) -> Any:
+    """Run `pipeline` once through Airflow (`make run`'s runner) and return the MLflow run it
+    made: the one run of the pipeline's experiment that was not there before, whatever ran
+    earlier in the session."""
+    from pipelines import runner
+    from tasks import tracking
+
+    def runs() -> dict[str, Any]:
+        experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name(pipeline))
+        if experiment is None:
+            return {}
+        return {r.info.run_id: r for r in mlflow_client.search_runs([experiment.experiment_id])}
+
+    before = runs()
+    assert runner.run_pipeline(pipeline, conf) == 0
+    (made,) = [run for run_id, run in runs().items() if run_id not in before]
+    return made

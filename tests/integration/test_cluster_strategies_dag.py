@@ -5,31 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines import runner, settings
+from tests.conftest import fresh_mlflow_client
+from tests.processes import cluster_children, leftovers, run_dag
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def mlflow_client(tmp_path_factory):
-    from tasks import tracking
-
-    store = tmp_path_factory.mktemp("mlflow-clusters") / "mlflow.db"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
-        yield tracking.client()
-
-
-def latest_run(mlflow_client):
-    from tasks import tracking
-
-    experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name("mnist"))
-    return mlflow_client.search_runs(
-        [experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1
-    )[0]
+    yield from fresh_mlflow_client(tmp_path_factory, "mlflow-clusters")
 
 
 def test_parameter_server_default_run_passes_the_gate(mlflow_client):
-    assert runner.run_pipeline("mnist", {"strategy": "parameter_server"}) == 0
-    run = latest_run(mlflow_client)
+    run = run_dag(mlflow_client, "mnist", {"strategy": "parameter_server"})
     assert (run.data.tags["strategy"], run.data.tags["num_workers"]) == ("parameter_server", "2")
     assert run.data.params["training.ps"] == "1"
     assert run.data.metrics["test_accuracy"] >= 0.95
@@ -45,9 +33,8 @@ def test_parameter_server_default_run_passes_the_gate(mlflow_client):
         ({"strategy": "central_storage", "replicas": 2, "epochs": 2}, "1", "2"),
     ],
 )
-def test_synchronous_strategies_run_the_dag(mlflow_client, conf, workers, replicas):
-    assert runner.run_pipeline("mnist", conf) == 0
-    run = latest_run(mlflow_client)
+def test_synchronous_strategies_run_the_dag(mlflow_client, private_tmpdir, conf, workers, replicas):
+    run = run_dag(mlflow_client, "mnist", conf)
     assert run.info.status == "FINISHED"
     assert run.data.tags["strategy"] == conf["strategy"]
     assert (run.data.tags["num_workers"], run.data.tags["num_replicas"]) == (workers, replicas)
@@ -57,3 +44,5 @@ def test_synchronous_strategies_run_the_dag(mlflow_client, conf, workers, replic
     ]
     assert run.data.metrics["test_accuracy"] > 0.9
     assert run.data.tags["stratoflow.registered_version"]
+    assert cluster_children() == []
+    assert leftovers(private_tmpdir) == []  # workers' scratch and the task's child folder are gone

@@ -1,5 +1,10 @@
-"""A parameter-server run against standing servers the test starts with `stratoflow serve`
-(as docker-compose or Kubernetes would), and the TF_CONFIG contract of the entrypoints."""
+"""Parameter-server runs against standing servers the test starts with `stratoflow serve` (as
+docker-compose or Kubernetes would), and the TF_CONFIG contract of the entrypoints.
+
+A run used the standing servers when the topology its chief recorded (`environment.json`) names
+their addresses and the only training process it started was its coordinator: no local worker
+or ps (`tests.processes.ChildWatcher` sees every process the run started, grandchildren too).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,22 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
+from pipelines import settings
 from tasks import cluster
 from tasks.launcher import READY_MARKER
 from tasks.steps import AirflowRun
+from tests.conftest import fresh_mlflow_client
+from tests.processes import (
+    SERVER_MODULE,
+    TRAINING_MODULE,
+    ChildWatcher,
+    cluster_children,
+    run_dag,
+)
+
+pytestmark = pytest.mark.integration
 
 STRATOFLOW = str(Path(sys.executable).parent / "stratoflow")
 
@@ -42,7 +57,13 @@ def wait_ready(server: subprocess.Popen[str], timeout: float = 180) -> None:
 
 
 @pytest.fixture(scope="module")
+def mlflow_client(tmp_path_factory):
+    yield from fresh_mlflow_client(tmp_path_factory, "mlflow-standing-cluster")
+
+
+@pytest.fixture(scope="module")
 def standing_cluster():
+    """Two workers and a ps serving for the whole module, shared by its runs."""
     layout = cluster.local_layout(workers=2, ps=1)
     jobs = json.dumps(layout.jobs)
     servers = [
@@ -61,8 +82,32 @@ def standing_cluster():
             server.wait()
 
 
-def test_parameter_server_training_uses_the_standing_servers(tf_runtime, standing_cluster):
-    from tasks import steps, tracking
+def assert_ran_on(
+    layout: cluster.ClusterLayout, mlflow_client, run_id: str, watcher: ChildWatcher
+) -> None:
+    """The run recorded the standing servers as its cluster and started only a coordinator."""
+    from tasks import tracking
+
+    environment = mlflow_client.download_artifacts(run_id, tracking.ENVIRONMENT_ARTIFACT)
+    recorded = json.loads(Path(environment).read_text())["cluster"]
+    jobs = recorded["jobs"]
+    assert {job: jobs[job] for job in ("worker", "ps")} == layout.jobs
+    assert sorted(jobs) == ["chief", "ps", "worker"]
+    assert recorded["task"] == {"type": "chief", "index": 0}
+    assert (recorded["workers"], recorded["ps"]) == (2, 1)
+    training = watcher.children(TRAINING_MODULE)
+    assert [child.tf_config["task"] for child in training if child.tf_config] == [
+        {"type": "chief", "index": 0}
+    ]
+    assert len(training) == 1
+    assert watcher.children(SERVER_MODULE) == []  # no local worker or ps
+    assert cluster_children() == []  # and the coordinator is gone
+
+
+def test_parameter_server_training_uses_the_standing_servers(
+    tf_runtime, standing_cluster, mlflow_client, child_watcher
+):
+    from tasks import steps
 
     layout, servers = standing_cluster
     run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
@@ -71,15 +116,24 @@ def test_parameter_server_training_uses_the_standing_servers(tf_runtime, standin
     trained = steps.train("digits", params, run, dataset)
 
     assert trained["num_workers"] == 2
-    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_client.get_metric_history(trained["mlflow_run_id"], "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]
+    assert_ran_on(layout, mlflow_client, trained["mlflow_run_id"], child_watcher)
     assert all(server.poll() is None for server in servers)  # standing: still serving
-    ours = [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if "tasks.training_worker" in " ".join(child.cmdline())
-    ]
-    assert ours == []  # the task launched only its coordinator, and it is gone
+
+
+def test_a_dag_run_without_a_cluster_uses_stratoflow_cluster(
+    standing_cluster, mlflow_client, child_watcher, monkeypatch
+):
+    """`cluster` empty, `$STRATOFLOW_CLUSTER` set where the tasks run: a real DAG run uses it."""
+    layout, servers = standing_cluster
+    monkeypatch.setenv(settings.CLUSTER_ENV, json.dumps(layout.jobs))
+    run = run_dag(mlflow_client, "digits", {"strategy": "parameter_server", "epochs": 2})
+
+    assert run.data.tags["strategy"] == "parameter_server"
+    assert json.loads(run.data.params["training.cluster"]) == layout.jobs
+    assert_ran_on(layout, mlflow_client, run.info.run_id, child_watcher)
+    assert all(server.poll() is None for server in servers)
 
 
 def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime):
