@@ -131,8 +131,8 @@ def test_a_dag_run_without_a_cluster_uses_stratoflow_cluster(
     run = run_dag(mlflow_client, "digits", {"strategy": "parameter_server", "epochs": 2})
 
     assert run.data.tags["strategy"] == "parameter_server"
-    assert json.loads(run.data.params["training.cluster"]) == layout.jobs
     assert_ran_on(layout, mlflow_client, run.info.run_id, child_watcher)
+    assert json.loads(run.data.params["training.cluster"]) == layout.jobs  # the resolved config
     assert all(server.poll() is None for server in servers)
 
 
