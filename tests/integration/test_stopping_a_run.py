@@ -154,12 +154,7 @@ def stop_cleanly(
     gone_after = seconds_until_gone(training.tree, sent, TREE_GONE_S)
     assert gone_after is not None, [p.pid for p in training.tree if _alive(p)]
     assert training.process.wait(STOP_TIMEOUT_S) == exit_code, training.output()[-3000:]
-    log.info(
-        "%s: tree gone %.1f s, CLI exited %.1f s after it",
-        signum,
-        gone_after,
-        time.monotonic() - sent,
-    )
+    exited_after = time.monotonic() - sent
     name = signal.Signals(signum).name
     stopped = [line for line in training.lines if f"Stopped by {name}" in line]
     assert len(stopped) == 1, training.output()[-3000:]
@@ -181,6 +176,15 @@ def stop_cleanly(
         "log_and_register": "skipped",
     }
     epochs_at_exit = logged_epochs(mlflow_client, run_id)
+    log.info(
+        "%s: tree gone %.1f s and the CLI exited %.1f s after the signal; epochs logged: %d "
+        "at the signal, %d at the exit",
+        name,
+        gone_after,
+        exited_after,
+        epochs_at_signal,
+        epochs_at_exit,
+    )
     assert epochs_at_exit <= epochs_at_signal + 1  # at most the epoch that was being logged
     time.sleep(5)
     assert logged_epochs(mlflow_client, run_id) == epochs_at_exit
@@ -200,14 +204,21 @@ def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
 ):
     training = start_training(mlflow_client)
     run_id = training.mlflow_run.info.run_id
+    epochs_at_signal = logged_epochs(mlflow_client, run_id)
     sent = time.monotonic()
     training.process.kill()
 
     gone_after = seconds_until_gone(training.tree, sent, TREE_GONE_S)
     assert gone_after is not None, [p.pid for p in training.tree if _alive(p)]
     assert training.process.wait(STOP_TIMEOUT_S) == -signal.SIGKILL
-    log.info("SIGKILL: tree gone %.1f s after it", gone_after)
     epochs_at_exit = logged_epochs(mlflow_client, run_id)
+    log.info(
+        "SIGKILL: tree gone %.1f s after the signal; epochs logged: %d at the signal, %d after",
+        gone_after,
+        epochs_at_signal,
+        epochs_at_exit,
+    )
+    assert epochs_at_exit <= epochs_at_signal + 1
     time.sleep(5)
     assert logged_epochs(mlflow_client, run_id) == epochs_at_exit
     # Nothing could say so yet: what the next `stratoflow run` finds before it starts.
