@@ -376,7 +376,8 @@ def _stop(
     if latest is None or (previous is not None and latest[0] == previous[0]):
         return RunStopped(f"{what} before it created a DAG run.", signum)
     run_id = latest[0]
-    return RunStopped(f"{what}; {_end_dag_run(db, dag_id, run_id)}.", signum, run_id)
+    ended = _end_dag_run(db, dag_id, run_id)
+    return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
 
 
 def _kill_tree(process: subprocess.Popen[bytes]) -> int:
@@ -425,7 +426,7 @@ def reconcile_orphaned_runs(db: Path) -> list[str]:
     orphaned = [run for run, alive in processes.items() if not any(alive)]
     for dag_id, run_id in orphaned:
         log.warning(
-            "DAG run %s of %s was left running by a killed airflow dags test: %s",
+            "DAG run %s of %s was left running by a killed stratoflow run: %s",
             run_id,
             dag_id,
             _end_dag_run(db, dag_id, run_id),
@@ -451,11 +452,9 @@ def _alive_since(pid: int, start_date: str | None) -> bool:
 
 
 def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
-    """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say so."""
+    """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say what."""
     interrupted = _mark_dag_run_failed(db, dag_id, run_id)
-    said = f"DAG run {run_id} of {dag_id} marked failed" + (
-        f" ({', '.join(interrupted)} was running)" if interrupted else ""
-    )
+    said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
     try:
         from tasks.steps import AirflowRun, clean_up_stopped_run
 
@@ -466,7 +465,7 @@ def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
         )
     if not ended:
         return f"{said}; it had no MLflow run in progress"
-    return f"{said}, MLflow run {', '.join(ended)} marked KILLED"
+    return f"{said}, MLflow run{'s' if len(ended) > 1 else ''} {', '.join(ended)} marked KILLED"
 
 
 def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:

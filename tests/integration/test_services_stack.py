@@ -429,6 +429,8 @@ def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: L
 
 def _mlflow_run_of(mlflow: Any, pipeline: str, run_id: str) -> Any:
     experiment = mlflow.get_experiment_by_name(f"stratoflow/{pipeline}")
+    if experiment is None:  # no run of the pipeline yet on this stack
+        return None
     runs = mlflow.search_runs(
         [experiment.experiment_id], filter_string=f"tags.`airflow.run_id` = '{run_id}'"
     )

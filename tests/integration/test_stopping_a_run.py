@@ -53,6 +53,19 @@ def airflow_db(mlflow_client: Any) -> Path:
     return home / "airflow.db"
 
 
+_started: list[psutil.Process] = []
+
+
+@pytest.fixture(autouse=True)
+def kill_leftovers() -> Iterator[None]:
+    """A failed test must not leave its training running for the rest of the suite."""
+    yield
+    for process in _started:
+        if _alive(process):
+            process.kill()
+    _started.clear()
+
+
 @dataclass
 class Training:
     """A `stratoflow run` subprocess that has started training."""
@@ -77,6 +90,7 @@ def start_training(mlflow_client: Any) -> Training:
         start_new_session=True,
     )
     training = Training(process)
+    _started.append(psutil.Process(process.pid))
     started = threading.Event()
 
     def read() -> None:
@@ -91,6 +105,7 @@ def start_training(mlflow_client: Any) -> Training:
         process.kill()
         pytest.fail(f"no first epoch within {START_TIMEOUT_S} s:\n{training.output()[-3000:]}")
     training.tree = psutil.Process(process.pid).children(recursive=True)
+    _started.extend(training.tree)
     commands = [" ".join(child.cmdline()) for child in training.tree]
     assert sum("airflow dags test" in command for command in commands) == 1, commands
     assert sum("tasks.training_worker" in command for command in commands) == 2, commands
