@@ -413,7 +413,9 @@ def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: L
             killed.append(train["pid"])
             epochs_seen = epochs
         time.sleep(0.5)
+    last_kill = time.monotonic()
     run = api.wait_for_run(DIGITS, run_id, timeout_seconds=300)
+    failed_after = time.monotonic() - last_kill
     assert run["state"] == "failed"
     train = api.task_instance(DIGITS, run_id, "train_model")
     assert (train["state"], train["try_number"]) == ("failed", 2)
@@ -423,6 +425,12 @@ def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: L
         assert time.monotonic() < callback_deadline, "the MLflow run stayed RUNNING"
         time.sleep(1)
     assert status == "KILLED"
+    log.info(
+        "services: task process killed on try 2; DAG run failed %.0f s later, MLflow run KILLED "
+        "%.0f s after the kill",
+        failed_after,
+        time.monotonic() - last_kill,
+    )
     assert not settings.run_dir(DIGITS, run_id, live.stack.state_dir).exists()
     assert [pid for pid in killed if _alive(pid)] == []
 
