@@ -335,9 +335,14 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     previous = _latest_run(db, dag_id)
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
     log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
-    # Output goes straight to the terminal, so the task logs stream as they are written.
+    # Output goes straight to the terminal, so the task logs stream as they are written. Its own
+    # process group is a background one: it must not wait for terminal input (SIGTTIN).
     process = subprocess.Popen(
-        command, env=dict(env), process_group=0, preexec_fn=die_with_parent(signal.SIGKILL)
+        command,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+        preexec_fn=die_with_parent(signal.SIGKILL),
     )
     try:
         returncode = process.wait()
