@@ -81,6 +81,7 @@ class Training:
 
 def start_training(mlflow_client: Any) -> Training:
     env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
+    earlier = {run.info.run_id for run in mlflow_runs(mlflow_client)}
     process = subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", *RUN],
         env=env,
@@ -109,16 +110,14 @@ def start_training(mlflow_client: Any) -> Training:
     commands = [" ".join(child.cmdline()) for child in training.tree]
     assert sum("airflow dags test" in command for command in commands) == 1, commands
     assert sum("tasks.training_worker" in command for command in commands) == 2, commands
-    training.mlflow_run = running_mlflow_run(mlflow_client)
+    (training.mlflow_run,) = [r for r in mlflow_runs(mlflow_client) if r.info.run_id not in earlier]
+    assert training.mlflow_run.info.status == "RUNNING"
     return training
 
 
-def running_mlflow_run(mlflow_client: Any) -> Any:
+def mlflow_runs(mlflow_client: Any) -> list[Any]:
     experiment = mlflow_client.get_experiment_by_name("stratoflow/mnist")
-    (run,) = mlflow_client.search_runs(
-        [experiment.experiment_id], filter_string="attributes.status = 'RUNNING'"
-    )
-    return run
+    return [] if experiment is None else mlflow_client.search_runs([experiment.experiment_id])
 
 
 def logged_epochs(mlflow_client: Any, run_id: str) -> int:
