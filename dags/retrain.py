@@ -11,7 +11,8 @@ It runs on the pipeline's cron, and whenever its dataset's asset gets an event (
 Every training setting is a Param: trigger with a config such as
 `{"strategy": "mirrored", "replicas": 2, "epochs": 3}`; Airflow refuses invalid values before a
 run exists. A task that fails for good (retries exhausted) cleans up the run's MLflow run,
-checkpoints and registered version.
+checkpoints and registered version; if its process was killed outright, the DAG run's failure
+marks the MLflow run KILLED instead.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:
         steps.clean_up_failed_run(pipeline, _airflow_run(context))
 
     return clean_up_failed_run
+
+
+def _end_runs_left_running(pipeline: str) -> Callable[[Any], None]:
+    # A task process killed outright (SIGKILL, OOM) runs no failure callback: its supervisor
+    # just reports the task failed. The DAG run's failure callback (run by the DAG processor)
+    # then finds its MLflow run still RUNNING and ends it KILLED.
+    def end_runs_left_running(context: Any) -> None:
+        from tasks import steps
+
+        run = steps.AirflowRun(context["dag"].dag_id, context["run_id"])
+        steps.clean_up_stopped_run(pipeline, run)
+
+    return end_runs_left_running
 
 
 def schedule_for(spec: PipelineSpec) -> Any:
@@ -101,6 +115,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         max_active_runs=1,
         tags=sorted({*spec.tags, "stratoflow"}),
         params={name: Param(**kwargs) for name, kwargs in dag_params(spec).items()},
+        on_failure_callback=_end_runs_left_running(pipeline),
         default_args={
             "owner": spec.owner,
             "retries": spec.retries,

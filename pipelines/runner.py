@@ -10,13 +10,18 @@ The tests start their Airflow subprocesses with `airflow_env` too, so both use t
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,12 @@ DAG_ID_PREFIX = "retrain_"  # as in dags/retrain.py, which this light module mus
 BENCHMARK_DAG_ID_PREFIX = "benchmark_strategies_"  # as in dags/benchmark_strategies.py
 # Tasks run one at a time under `dags test`; a small pool keeps other Airflow commands lean.
 PARALLELISM = 4
+# The signals that stop a local run cleanly (Ctrl-C, and what `kill`, systemd or CI send).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Task instance states: as Airflow marks a DAG run failed by hand (`mark_tasks.py`), the running
+# ones become failed, the unfinished ones skipped.
+RUNNING_TI_STATES = ("running", "deferred", "up_for_reschedule", "awaiting_input")
+FINISHED_TI_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
 
 
 class RunError(RuntimeError):
@@ -40,6 +51,60 @@ class RunError(RuntimeError):
     def __init__(self, message: str, run_id: str | None = None):
         super().__init__(message)
         self.run_id = run_id  # the failed DAG run, if one was created
+
+
+class RunStopped(Exception):
+    """SIGINT or SIGTERM stopped a DAG run in progress; the message says what was stopped."""
+
+    def __init__(self, message: str, signum: int, run_id: str | None = None):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        self.run_id = run_id
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived. A KeyboardInterrupt, so `except Exception` lets it through."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise `Stopped` (SIGTERM would otherwise kill the CLI
+    at once and leave its `airflow dags test` running). Only the main thread gets signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _stoppable(
+    command: Callable[[str, dict[str, Any]], int],
+) -> Callable[[str, dict[str, Any]], int]:
+    @functools.wraps(command)
+    def run(pipeline: str, conf: dict[str, Any]) -> int:
+        with stop_on_signals():
+            try:
+                return command(pipeline, conf)
+            except RunStopped as stopped:
+                log.error("%s", stopped)
+                return stopped.exit_code
+            except Stopped as stopped:
+                log.error("Stopped by %s; no DAG run was in progress.", stopped)
+                return 128 + stopped.signum
+
+    return run
 
 
 def dag_id_for(pipeline: str) -> str:
@@ -186,6 +251,7 @@ def _check_against_params(params: Mapping[str, Mapping[str, Any]], conf: Mapping
             raise SpecError(f"Invalid input for param {key}: {error.message}") from None
 
 
+@_stoppable
 def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
     """Run pipeline `pipeline` once, for real, through Airflow, then print a summary.
 
@@ -194,7 +260,8 @@ def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
         conf: the run's Params overrides, e.g. `{"strategy": "mirrored", "epochs": 2}`.
 
     Returns:
-        0 when the DAG run succeeded and was summarised, 1 otherwise (the reason is logged).
+        0 when the DAG run succeeded and was summarised, 1 otherwise (the reason is logged),
+        130 or 143 when SIGINT or SIGTERM stopped it (see `dags_test`).
     """
     try:
         run_id = _run_locally(pipeline, dag_id_for(pipeline), conf, check_conf)
@@ -204,6 +271,7 @@ def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
     return _print_summary(pipeline, run_id)
 
 
+@_stoppable
 def run_benchmark(pipeline: str, conf: dict[str, Any]) -> int:
     """Run pipeline `pipeline`'s strategy benchmark once through Airflow, then print the table.
 
@@ -213,7 +281,8 @@ def run_benchmark(pipeline: str, conf: dict[str, Any]) -> int:
 
     Returns:
         0 when the benchmark recommended a strategy (some strategies may have failed: the table
-        says which and why), 1 otherwise (the reason is logged, and the table printed if any).
+        says which and why), 1 otherwise (the reason is logged, and the table printed if any),
+        130 or 143 when SIGINT or SIGTERM stopped it.
     """
     dag_id = benchmark_dag_id_for(pipeline)
     try:
@@ -247,15 +316,40 @@ def _run_locally(
 def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
     """Run DAG `dag_id` once with `airflow dags test` and return its run id.
 
+    `airflow dags test` runs in its own process group, so a Ctrl-C in the terminal reaches only
+    this process, which then stops the run as a whole: on SIGINT or SIGTERM (raised here as
+    `KeyboardInterrupt`) it kills the process tree of `airflow dags test` (training processes
+    included), marks the DAG run failed in the metadata DB, ends its MLflow runs KILLED and
+    raises `RunStopped`. If this process is SIGKILLed, `airflow dags test` gets SIGKILL too
+    (`PR_SET_PDEATHSIG`; its training processes die with it the same way), and the next call
+    finishes off what it left running (`reconcile_orphaned_runs`).
+
     Raises:
         RunError: the DAG run failed or was not created (names the failed tasks).
+        RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
     """
+    from tasks.launcher import die_with_parent
+
     db = home / "airflow.db"
+    reconcile_orphaned_runs(db)
     previous = _latest_run(db, dag_id)
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
     log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
-    # Output goes straight to the terminal, so the task logs stream as they are written.
-    returncode = subprocess.run(command, env=dict(env), check=False).returncode
+    # Output goes straight to the terminal, so the task logs stream as they are written. Its own
+    # process group is a background one: it must not wait for terminal input (SIGTTIN).
+    process = subprocess.Popen(
+        command,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
+    try:
+        returncode = process.wait()
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        with _ignoring(STOP_SIGNALS):  # a second Ctrl-C must not cut the clean-up short
+            raise _stop(process, dag_id, db, previous, signum) from None
     # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
     latest = _latest_run(db, dag_id)
     run = latest if latest and latest != previous else None
@@ -269,6 +363,174 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
             run_id=run[0] if run else None,
         )
     return run[0]
+
+
+def _stop(
+    process: subprocess.Popen[bytes],
+    dag_id: str,
+    db: Path,
+    previous: tuple[str, str] | None,
+    signum: int,
+) -> RunStopped:
+    name = signal.Signals(signum).name
+    killed = _kill_tree(process)
+    what = f"Stopped by {name}: killed airflow dags test (pid {process.pid})" + (
+        f" and the {killed} process(es) it had started" if killed else ""
+    )
+    latest = _latest_run(db, dag_id)
+    if latest is None or (previous is not None and latest[0] == previous[0]):
+        return RunStopped(f"{what} before it created a DAG run.", signum)
+    run_id = latest[0]
+    ended = _end_dag_run(db, dag_id, run_id)
+    return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> int:
+    """SIGKILL `process` and every process below it; return how many descendants it had.
+
+    Not SIGTERM: Airflow would fail the running task and then retry it (the spec's retries).
+    Training writes a checkpoint per epoch, and the stopped run's folder is removed anyway.
+    """
+    import psutil
+
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # its group: the processes it started
+    for child in descendants:  # and any that left the group
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    process.wait()
+    psutil.wait_procs(descendants, timeout=10)
+    return len(descendants)
+
+
+def reconcile_orphaned_runs(db: Path) -> list[str]:
+    """Fail the DAG runs of Airflow home DB `db` that a killed `airflow dags test` left running.
+
+    The local runner has no scheduler to notice: a DAG run is orphaned when it is "running" and
+    none of its task instances' processes (`task_instance.pid`, set by `airflow dags test`) is
+    alive any more. Each is marked failed, its MLflow runs KILLED (one log line per run).
+
+    Returns:
+        The run ids it marked failed.
+    """
+    if not db.is_file():
+        return []
+    with _connect(db) as connection:
+        rows = connection.execute(
+            "SELECT dr.dag_id, dr.run_id, ti.pid, ti.start_date FROM dag_run dr "
+            "JOIN task_instance ti ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
+            "WHERE dr.state = 'running' AND ti.pid IS NOT NULL"
+        ).fetchall()
+    processes: dict[tuple[str, str], list[bool]] = {}
+    for dag_id, run_id, pid, start_date in rows:
+        processes.setdefault((dag_id, run_id), []).append(_alive_since(pid, start_date))
+    orphaned = [run for run, alive in processes.items() if not any(alive)]
+    for dag_id, run_id in orphaned:
+        log.warning(
+            "DAG run %s of %s was left running by a killed stratoflow run: %s",
+            run_id,
+            dag_id,
+            _end_dag_run(db, dag_id, run_id),
+        )
+    return [run_id for _, run_id in orphaned]
+
+
+def _alive_since(pid: int, start_date: str | None) -> bool:
+    """Whether process `pid` is alive and is the one that started a task at `start_date`."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        started = process.create_time()
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return False
+    if not start_date:
+        return True
+    task_started = datetime.fromisoformat(start_date).replace(tzinfo=UTC).timestamp()
+    return started <= task_started + 1  # a later process reuses the pid of a dead one
+
+
+def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
+    """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say what."""
+    interrupted = _mark_dag_run_failed(db, dag_id, run_id)
+    said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+    try:
+        from tasks.steps import AirflowRun, clean_up_stopped_run
+
+        ended = clean_up_stopped_run(_pipeline_of(dag_id), AirflowRun(dag_id, run_id))
+    except Exception as error:  # the DB is right already; say what MLflow still shows
+        return (
+            f"{said}; its MLflow run could not be marked KILLED ({type(error).__name__}: {error})"
+        )
+    if not ended:
+        return f"{said}; it had no MLflow run in progress"
+    return f"{said}, MLflow run{'s' if len(ended) > 1 else ''} {', '.join(ended)} marked KILLED"
+
+
+def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:
+    """As Airflow's "mark failed": running task instances failed, unfinished ones skipped.
+
+    Only for a DAG run whose processes are dead: nothing else writes to it any more.
+
+    Returns:
+        The task ids that were running.
+    """
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    key = {"dag_id": dag_id, "run_id": run_id, "now": now}
+    running = ", ".join(f"'{state}'" for state in RUNNING_TI_STATES)
+    finished = ", ".join(f"'{state}'" for state in (*RUNNING_TI_STATES, *FINISHED_TI_STATES))
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as connection, connection:
+        interrupted = [
+            task_id
+            for (task_id,) in connection.execute(
+                f"SELECT task_id FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id "
+                f"AND state IN ({running}) ORDER BY start_date",
+                key,
+            )
+        ]
+        connection.execute(
+            f"UPDATE task_instance SET state = 'failed', end_date = :now, duration = "
+            f"(julianday(:now) - julianday(start_date)) * 86400 WHERE dag_id = :dag_id AND "
+            f"run_id = :run_id AND state IN ({running})",
+            key,
+        )
+        connection.execute(
+            f"UPDATE task_instance SET state = 'skipped', end_date = :now WHERE dag_id = :dag_id "
+            f"AND run_id = :run_id AND (state IS NULL OR state NOT IN ({finished}))",
+            key,
+        )
+        connection.execute(
+            "UPDATE dag_run SET state = 'failed', end_date = :now "
+            "WHERE dag_id = :dag_id AND run_id = :run_id",
+            key,
+        )
+    return interrupted
+
+
+@contextlib.contextmanager
+def _ignoring(signals: Sequence[int]) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _pipeline_of(dag_id: str) -> str:
+    for prefix in (BENCHMARK_DAG_ID_PREFIX, DAG_ID_PREFIX):
+        if dag_id.startswith(prefix):
+            return dag_id.removeprefix(prefix)
+    return dag_id
 
 
 def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:

@@ -362,6 +362,30 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
         logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
 
 
+def clean_up_stopped_run(pipeline: str, run: AirflowRun) -> list[str]:
+    """After a DAG run's processes were killed from outside: end its MLflow runs KILLED.
+
+    `stratoflow run` calls it when stopped (Ctrl-C, SIGTERM), and for a DAG run an earlier,
+    SIGKILLed `stratoflow run` left behind. Like `clean_up_failed_run`, it also removes the
+    versions those runs registered and the DAG run's working folder (nothing can resume it).
+
+    Returns:
+        The ids of the MLflow runs it marked KILLED.
+
+    Raises:
+        TrackingUnavailableError: MLflow does not answer (the folder is removed all the same).
+    """
+    from tasks import registry, tracking
+
+    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    tracking.check_reachable()
+    ended = tracking.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
+    model = load_spec(pipeline).registered_model
+    for mlflow_run_id in ended:
+        registry.delete_versions_of_run(model, mlflow_run_id)
+    return ended
+
+
 def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:
     return (
         f"{spec.name}: {result['strategy']}, {result['num_replicas']} replica(s), "

@@ -360,6 +360,30 @@ def finish_run(run_id: str, status: str = "FINISHED") -> None:
     client().set_terminated(run_id, status=status)
 
 
+def end_unfinished_runs(
+    pipeline: str, dag_id: str, run_id: str, status: str = "KILLED"
+) -> list[str]:
+    """End every MLflow run of a DAG run that is still RUNNING (a benchmark has several).
+
+    For a DAG run whose processes were killed: nothing of it will ever finish these runs.
+
+    Returns:
+        The ids of the runs it ended with `status`.
+    """
+    mlflow_client = client()
+    experiment = mlflow_client.get_experiment_by_name(experiment_name(pipeline))
+    if experiment is None:
+        return []
+    runs = mlflow_client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`airflow.dag_id` = '{dag_id}' and tags.`airflow.run_id` = "
+        f"'{run_id}' and attributes.status = 'RUNNING'",
+    )
+    for run in runs:
+        mlflow_client.set_terminated(run.info.run_id, status=status)
+    return [str(run.info.run_id) for run in runs]
+
+
 def registered_model_name(pipeline: str) -> str:
     from pipelines.spec import load_spec
 

@@ -10,7 +10,8 @@ parallelism of 2), with faults injected while they run:
 - the `refresh_stratoflow_digits` DAG, whose asset event makes the scheduler start a digits run,
   whose training process is SIGKILLed after a checkpoint: Airflow's retry resumes from it.
 
-Then the MLflow server goes down and a digits run must fail before training, naming the URI.
+Then a digits run's task process is SIGKILLed on both tries: its MLflow run must end KILLED.
+And the MLflow server goes down and a digits run must fail before training, naming the URI.
 """
 
 from __future__ import annotations
@@ -377,6 +378,78 @@ def test_a_killed_training_process_is_retried_and_resumes_from_its_checkpoint(
     for key in EPOCH_METRICS:  # each epoch exactly once, across both tries
         steps = [m.step for m in mlflow.get_metric_history(mlflow_run.info.run_id, key)]
         assert sorted(steps) == list(range(1, epochs + 1)), key
+
+
+# ----- a task process killed for good ----------------------------------------------------------
+
+
+def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: LiveStack) -> None:
+    """SIGKILL the train_model task process (the pid Airflow records) on both tries.
+
+    Airflow 3.3 runs no task failure callback then: the task's supervisor reports it failed
+    (up_for_retry, then failed). The DAG run fails, and its failure callback, which the DAG
+    processor runs, must end the MLflow run KILLED.
+    """
+    api = live.api
+    if api.dag(DIGITS)["is_paused"]:  # when run alone, without the `live_runs` fixture
+        _unpause_and_cancel_the_missed_slot(api, DIGITS)
+    run_id = api.trigger(DIGITS, {"epochs": 1000})["dag_run_id"]
+    mlflow = live.mlflow()
+    killed: list[int] = []
+    epochs_seen = 0
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while len(killed) < 2:
+        assert time.monotonic() < deadline, _task_states(api, DIGITS, run_id)
+        train = api.task_instance(DIGITS, run_id, "train_model")
+        mlflow_run = _mlflow_run_of(mlflow, "digits", run_id)
+        epochs = _logged_epochs(mlflow, mlflow_run)
+        if (
+            train["state"] == "running"
+            and train["try_number"] == len(killed) + 1
+            and train["pid"]
+            and epochs > epochs_seen  # this try is training
+        ):
+            psutil.Process(train["pid"]).kill()
+            killed.append(train["pid"])
+            epochs_seen = epochs
+        time.sleep(0.5)
+    last_kill = time.monotonic()
+    run = api.wait_for_run(DIGITS, run_id, timeout_seconds=300)
+    failed_after = time.monotonic() - last_kill
+    assert run["state"] == "failed"
+    train = api.task_instance(DIGITS, run_id, "train_model")
+    assert (train["state"], train["try_number"]) == ("failed", 2)
+    # The DAG processor runs the DAG run's failure callback a few seconds later.
+    callback_deadline = time.monotonic() + 180
+    while (status := _mlflow_run_of(mlflow, "digits", run_id).info.status) == "RUNNING":
+        assert time.monotonic() < callback_deadline, "the MLflow run stayed RUNNING"
+        time.sleep(1)
+    assert status == "KILLED"
+    log.info(
+        "services: task process killed on try 2; DAG run failed %.0f s later, MLflow run KILLED "
+        "%.0f s after the kill",
+        failed_after,
+        time.monotonic() - last_kill,
+    )
+    assert not settings.run_dir(DIGITS, run_id, live.stack.state_dir).exists()
+    assert [pid for pid in killed if _alive(pid)] == []
+
+
+def _mlflow_run_of(mlflow: Any, pipeline: str, run_id: str) -> Any:
+    experiment = mlflow.get_experiment_by_name(f"stratoflow/{pipeline}")
+    if experiment is None:  # no run of the pipeline yet on this stack
+        return None
+    runs = mlflow.search_runs(
+        [experiment.experiment_id], filter_string=f"tags.`airflow.run_id` = '{run_id}'"
+    )
+    return runs[0] if runs else None
+
+
+def _logged_epochs(mlflow: Any, mlflow_run: Any) -> int:
+    if mlflow_run is None:
+        return 0
+    history = mlflow.get_metric_history(mlflow_run.info.run_id, "loss")
+    return max((metric.step for metric in history), default=0)
 
 
 # ----- MLflow down -----------------------------------------------------------------------------

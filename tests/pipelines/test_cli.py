@@ -6,7 +6,10 @@ its summary and `stratoflow compare` are tested in `tests/integration/test_retra
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +162,27 @@ def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(
 
     assert runner.run_pipeline("mnist", {"loop": "x"}) == 1
     assert "Invalid input for param loop" in caplog.text
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_before_the_dag_run_exits_with_its_code_and_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, signum: int, code: int
+) -> None:
+    """The stopped runs themselves are in tests/integration/test_stopping_a_run.py."""
+
+    def signalled(pipeline: str, conf: dict[str, Any]) -> None:
+        os.kill(os.getpid(), signum)
+        time.sleep(10)  # the handler interrupts this
+
+    handler = signal.getsignal(signum)
+    monkeypatch.setattr(runner, "check_conf", signalled)
+    monkeypatch.setattr(subprocess, "run", _must_not_run)
+
+    assert runner.run_pipeline("mnist", {}) == code
+    name = signal.Signals(signum).name
+    assert caplog.text.count("Stopped by") == 1
+    assert f"Stopped by {name}; no DAG run was in progress." in caplog.text
+    assert signal.getsignal(signum) is handler  # restored for whatever runs next
 
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:
