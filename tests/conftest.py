@@ -39,29 +39,6 @@ def session_home() -> Path:
     return _SESSION_HOME
 
 
-@pytest.fixture(scope="session")
-def tf_runtime():
-    """TensorFlow in the pytest process, with two logical CPUs (must precede any TF op)."""
-    from tasks.strategies import configure_host_devices
-
-    configure_host_devices(TEST_LOGICAL_CPUS)
-    import tensorflow as tf
-
-    return tf
-
-
-def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[object]:
-    """For a module-scoped fixture: an MlflowClient on a new SQLite store, set as the tracking
-    URI (so Airflow subprocesses started meanwhile use it too) until the fixture ends."""
-    from pipelines import settings
-    from tasks import tracking
-
-    store = tmp_path_factory.mktemp(name) / "mlflow.db"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
-        yield tracking.client()
-
-
 # The only skips the suite accepts, by test and reason. Any other skip hides a missing tool or an
 # unchecked promise, so it is reported as a failure (CI runs this same suite: `.ci/run`).
 ALLOWED_SKIPS = {
@@ -92,3 +69,26 @@ def pytest_runtest_makereport(
         f"unexpected skip ({reason}): only the skips in tests/conftest.py ALLOWED_SKIPS are "
         "allowed; install what is missing or make the test run"
     )
+
+
+@pytest.fixture(scope="session")
+def tf_runtime():
+    """TensorFlow in the pytest process, with two logical CPUs (must precede any TF op)."""
+    from tasks.strategies import configure_host_devices
+
+    configure_host_devices(TEST_LOGICAL_CPUS)
+    import tensorflow as tf
+
+    return tf
+
+
+def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[object]:
+    """For a module-scoped fixture: an MlflowClient on a new SQLite store, set as the tracking
+    URI (so Airflow subprocesses started meanwhile use it too) until the fixture ends."""
+    from pipelines import settings
+    from tasks import tracking
+
+    store = tmp_path_factory.mktemp(name) / "mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        yield tracking.client()
