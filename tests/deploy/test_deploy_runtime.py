@@ -2,7 +2,8 @@
 
 No Docker engine runs here, so the containers' commands run as local processes instead, with the
 environment and flags read from `docker-compose.yml` (secrets filled in, container hosts and
-ports replaced by local ones): the PostgreSQL init script on a throwaway PostgreSQL 15 cluster,
+ports replaced by local ones): the PostgreSQL init script on a throwaway PostgreSQL cluster
+(whichever server version is installed, found as the services stack and the Makefile find it),
 `airflow-init` migrating the `airflow` database as the `airflow` role, the api-server's login,
 and the MLflow server on the `mlflow` database with its host check and proxied artifacts.
 """
@@ -28,6 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.services.errors import ServiceError
+from pipelines.services.postgres import postgres_bin
 from tests.deploy.test_compose import (
     AIRFLOW_INIT,
     API_SERVER,
@@ -41,7 +44,6 @@ from tests.deploy.test_compose import (
 
 pytestmark = pytest.mark.integration
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 INIT_DATABASES = ROOT / "deploy" / "postgres" / "init-databases.sh"
 AIRFLOW_INIT_SCRIPT = ROOT / "deploy" / "airflow-init.sh"
 BIN = Path(sys.executable).parent
@@ -125,6 +127,14 @@ def running(args: list[str], env: Mapping[str, str], log_path: Path) -> Iterator
                 server.wait()
 
 
+def pg_program(name: str) -> str:
+    """A PostgreSQL program of the installed server (any version); a missing server fails."""
+    try:
+        return str(postgres_bin(name))
+    except ServiceError as error:
+        pytest.fail(f"{error} (`make system-packages`, which .ci/run calls, installs it)")
+
+
 def run_as_postgres(args: list[str]) -> list[str]:
     # initdb and the server refuse to run as root.
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
@@ -138,7 +148,7 @@ class Postgres:
     def psql(self, user: str, database: str, sql: str, password: str | None = None):
         """Run `sql` over TCP as `user` (password auth, as the containers connect)."""
         return subprocess.run(
-            [str(PG_BIN / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", user,
+            [pg_program("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", user,
              "-d", database, "-v", "ON_ERROR_STOP=1", "-tAc", sql],
             env={**os.environ, "PGPASSWORD": password or "", "PGCONNECT_TIMEOUT": "10"},
             capture_output=True, text=True, check=False,
@@ -147,9 +157,7 @@ class Postgres:
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[Postgres]:
-    """A PostgreSQL 15 cluster like the postgres image's: password auth over TCP."""
-    if not (PG_BIN / "initdb").is_file():
-        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN})")
+    """A PostgreSQL cluster like the postgres image's: password auth over TCP."""
     root = Path(tempfile.mkdtemp(prefix="stratoflow-compose-pg-"))
     data, sockets = root / "data", root / "sockets"
     sockets.mkdir()
@@ -160,7 +168,7 @@ def postgres() -> Iterator[Postgres]:
     password_file.write_text(SECRETS["POSTGRES_PASSWORD"])
     password_file.chmod(0o644)
     subprocess.run(
-        run_as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres",
+        run_as_postgres([pg_program("initdb"), "-D", str(data), "-U", "postgres",
                          "--auth-local=trust", "--auth-host=scram-sha-256",
                          f"--pwfile={password_file}"]),
         check=True, capture_output=True,
@@ -168,7 +176,7 @@ def postgres() -> Iterator[Postgres]:
     port = free_port()
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {sockets}"
     subprocess.run(
-        run_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options,
+        run_as_postgres([pg_program("pg_ctl"), "-D", str(data), "-o", options,
                          "-l", str(root / "log"), "-w", "start"]),
         check=True, capture_output=True,
     )  # fmt: skip
@@ -176,7 +184,7 @@ def postgres() -> Iterator[Postgres]:
         yield Postgres(port, sockets)
     finally:
         subprocess.run(
-            run_as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            run_as_postgres([pg_program("pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
             check=False,
             capture_output=True,
         )

@@ -164,7 +164,7 @@ def test_the_mlflow_ui_compares_both_runs_their_strategies_and_figures(
     two_runs, mlflow_server, capsys, tmp_path
 ):
     if not Path(CHROMIUM).exists():
-        pytest.skip(
+        pytest.fail(
             f"Chromium is not installed at {CHROMIUM}: `apt-get install -y chromium` "
             "(.ci/run does it) to run this test"
         )

@@ -1,14 +1,21 @@
 """Whole DAG runs through Airflow (`airflow dags test`, as `make run` does) into a fresh MLflow
-store: the default mnist run, a worse run that must not take the champion alias, a failing run
-that must leave nothing behind, and `stratoflow compare` over what they produced."""
+store: the default mnist run (and every MLflow name the README lists on it), a worse run that must
+not take the champion alias, a passing run with `promote: false`, failing runs (before and after
+registering) that must leave nothing behind, and `stratoflow compare` over what they produced."""
 
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
+from pathlib import Path
 
 import pytest
 
 from pipelines import cli, runner, settings
+from tests.conftest import fresh_mlflow_client
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +124,165 @@ def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflo
 def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
     """No TPU here: both tries of train_model fail, and the failure callback cleans up."""
     assert runner.run_pipeline("digits", {"strategy": "tpu"}) == 1
-    (run,) = mlflow_runs(mlflow_client, "digits")
+    (run,) = [r for r in mlflow_runs(mlflow_client, "digits") if r.data.tags["strategy"] == "tpu"]
     assert run.info.status == "FAILED"
     assert run.data.tags["airflow.try_number"] == "2"  # the retry reused the DAG run's MLflow run
-    assert list(mlflow_client.search_model_versions("name = 'stratoflow-digits'")) == []
+    assert [
+        v.run_id for v in mlflow_client.search_model_versions("name = 'stratoflow-digits'")
+    ] == [
+        r.info.run_id
+        for r in mlflow_runs(mlflow_client, "digits")
+        if r.data.tags["strategy"] != "tpu"  # the promote: false run's, if it ran first
+    ]
     dag_run_dir = settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"])
     assert not dag_run_dir.exists()
+
+
+def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflow_client, capsys):
+    from tasks import registry
+
+    assert runner.run_pipeline("digits", {"promote": False}) == 0
+    (run,) = [r for r in mlflow_runs(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
+    assert run.data.params["training.promote"] == "False"
+    assert run.data.tags["gate.passed"] == "True"
+    assert run.data.tags["stratoflow.registered_version"] == "1"
+    assert registry.alias_targets(mlflow_client, "stratoflow-digits") == {"challenger": "1"}
+    assert "version 1 (aliases: challenger)" in capsys.readouterr().out
+
+
+@pytest.fixture
+def store_refusing_to_finish_registered_runs(tmp_path_factory):
+    """A fresh SQLite MLflow store that fails, for real, the first write after registering: a
+    trigger aborts marking FINISHED a run that carries `stratoflow.registered_version` (set by
+    `tasks.registry.register` as its last write), so `log_and_register` fails in
+    `tracking.finish_run`, on both tries, with its version registered. Marking it FAILED works."""
+    from tasks import tracking
+
+    for mlflow_client in fresh_mlflow_client(tmp_path_factory, "mlflow-refusing"):
+        mlflow_client.search_experiments()  # creates the schema
+        store = Path(settings.tracking_uri().removeprefix("sqlite:///"))
+        with sqlite3.connect(store) as connection:
+            connection.execute(
+                f"""CREATE TRIGGER refuse_to_finish BEFORE UPDATE OF status ON runs
+                WHEN NEW.status = 'FINISHED' AND EXISTS (SELECT 1 FROM tags
+                    WHERE tags.run_uuid = NEW.run_uuid AND tags.key = '{tracking.VERSION_TAG}')
+                BEGIN SELECT RAISE(ABORT, 'the store refuses to finish this run'); END"""
+            )
+        yield mlflow_client
+
+
+def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
+    store_refusing_to_finish_registered_runs,
+):
+    from tasks import registry
+
+    mlflow_client = store_refusing_to_finish_registered_runs
+    assert runner.run_pipeline("digits", {}) == 1
+    (run,) = mlflow_runs(mlflow_client, "digits")
+    assert run.info.status == "FAILED"
+    # It failed after registering (and promoting) version 1 ...
+    assert run.data.tags["stratoflow.registered_version"] == "1"
+    assert run.data.tags["gate.passed"] == "True"
+    # ... and the failure callback deleted the version, and with it both aliases.
+    assert list(mlflow_client.search_model_versions("name = 'stratoflow-digits'")) == []
+    assert registry.alias_targets(mlflow_client, "stratoflow-digits") == {}
+    assert not settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"]).exists()
+
+
+def readme_section(title: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else None]
+
+
+def readme_bullet(section: str, label: str) -> str:
+    """The text of the bullet `- **label**...` up to the next bullet."""
+    match = re.search(rf"^- \*\*{re.escape(label)}\*\*(.*?)(?=^- \*\*|\Z)", section, re.S | re.M)
+    assert match, f"README: no bullet {label!r} in 'MLflow names'"
+    return match.group(1)
+
+
+def backticked(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def test_the_run_carries_every_mlflow_name_the_readme_lists(
+    default_mnist_run, mlflow_client, tf_runtime, tmp_path
+):
+    """The README's "MLflow names" section, parsed, checked against the default mnist run."""
+    import mlflow.keras
+    import numpy as np
+
+    from pipelines.spec import load_spec
+    from tasks import datasets, tracking
+
+    assert default_mnist_run[0] == 0
+    run = mlflow_runs(mlflow_client, "mnist")[0]
+    section = readme_section("MLflow names (a public interface)")
+    config = json.loads(
+        Path(
+            mlflow_client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))
+        ).read_text()
+    )
+
+    # Run name `<pipeline>-<strategy>-<airflow run id>`.
+    (template,) = re.findall(r"run name\s+`([^`]+)`", section)
+    values = {"pipeline": "mnist", "strategy": "one_device"}
+    values["airflow run id"] = run.data.tags["airflow.run_id"]
+    assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
+
+    tags = [name for name in backticked(readme_bullet(section, "tags")) if ":" not in name]
+    assert len(tags) == 14, tags
+    assert [tag for tag in tags if not run.data.tags.get(tag)] == []
+    assert run.data.tags["dataset"] == f"{config['dataset']['name']}:{config['dataset']['version']}"
+
+    params = backticked(readme_bullet(section, "params"))
+    assert "training.strategy" in params and "model.hyperparameters.<name>" in params
+    for param in params:
+        if param.endswith(".<name>"):
+            prefix = param.removesuffix("<name>")
+            names = config["model"]["hyperparameters"]
+            assert names, "the mnist spec has hyperparameters"
+            for name in names:
+                assert run.data.params[prefix + name] == str(names[name]), prefix + name
+        else:
+            node = config
+            for part in param.split("."):
+                node = node[part]
+            assert run.data.params[param] == str(node), param
+
+    metrics_text = readme_bullet(section, "metrics per epoch")
+    per_epoch, once = metrics_text.split("Once per run")
+    per_epoch_names = [name for name in backticked(per_epoch) if name != "step"]
+    assert tuple(per_epoch_names) == tracking.EPOCH_METRICS
+    for name in per_epoch_names:
+        assert metric_steps(mlflow_client, run.info.run_id, name) == list(range(1, 9)), name
+    once_names = [name for name in backticked(once) if not name.isupper()]
+    assert len(once_names) == 12, once_names
+    logged = set(run.data.metrics)
+    for name in once_names:
+        if name.endswith("<k>"):
+            expected = {name.replace("<k>", str(k)) for k in range(10)}
+            assert expected <= logged, name
+        elif name.endswith("…"):
+            assert any(key.startswith(name.removesuffix("…")) for key in logged), name
+        else:
+            assert name in logged, name
+
+    # The dataset input: `<tfds name>:<version>`, digest = the prepared files' fingerprint.
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == run.data.tags["dataset"]
+    reference = datasets.prepare_dataset(load_spec("mnist").dataset)
+    variant_dir = Path(reference.data_dir) / reference.name / reference.version
+    (variant_dir / datasets.FINGERPRINT_CACHE).unlink(missing_ok=True)  # hash the files again
+    assert dataset_input.dataset.digest == datasets.fingerprint(variant_dir)[:36]
+
+    # The model: the champion loads with the README's own line, and predicts.
+    (model_uri,) = re.findall(r'`mlflow\.keras\.load_model\("(models:/[^"]+)"\)`', section)
+    assert model_uri == "models:/stratoflow-mnist@champion"
+    model = mlflow.keras.load_model(model_uri)
+    images, labels = datasets.load_arrays(reference, "test")
+    predictions = np.asarray(model.predict(images[:500], verbose=0))
+    assert predictions.shape == (500, 10)
+    assert np.mean(predictions.argmax(axis=1) == labels[:500]) >= 0.9

@@ -95,6 +95,8 @@ def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_re
 
 
 def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref, saved_model):
+    from mlflow.exceptions import MlflowException
+
     from tasks import registry, tracking
 
     name = f"test-model-{uuid.uuid4().hex[:8]}"
@@ -103,8 +105,9 @@ def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref
     registry.register(name, good_run, registry.log_model(good_run, saved_model, example), True, {})
     other_uri = registry.log_model(new_run(digits_ref), saved_model, example)
     # A run id the store does not know: the version is created, then tagging the run fails.
-    with pytest.raises(Exception, match="(?i)run .*not found|does not exist"):
+    with pytest.raises(MlflowException, match=f"Run with id={'0' * 32} not found") as error:
         registry.register(name, "0" * 32, other_uri, promote=True, tags={})
+    assert error.value.error_code == "RESOURCE_DOES_NOT_EXIST"
     mlflow_client = tracking.client()
     assert [str(v.version) for v in mlflow_client.search_model_versions(f"name = '{name}'")] == [
         "1"

@@ -77,9 +77,10 @@ def test_mirrored_matches_one_device(matrix, loop):
 
 
 def test_custom_loop_and_fit_see_the_same_data(matrix):
-    # Same weights, same batches, same optimizer: the two loops agree to float rounding.
+    # Same weights, same batches, same optimizer: the two loops agree to float rounding (measured
+    # 7e-9 to 3e-8 relative per epoch); 1e-6 leaves room for another CPU's rounding, not more.
     custom, fit = matrix[("one_device", "custom")], matrix[("one_device", "fit")]
-    assert losses(fit) == pytest.approx(losses(custom), rel=1e-3)
+    assert losses(fit) == pytest.approx(losses(custom), rel=1e-6)
 
 
 def test_same_seed_gives_the_same_result(matrix, digits, tmp_path):
