@@ -2,7 +2,9 @@
 
 Idempotent per DAG run (a retried task reuses the logged model and the version it finds by run
 id) and all-or-nothing: if anything fails after a version was created, the version is deleted and
-the aliases are put back where they were.
+the aliases are put back where they were. Each version remembers, in tags, where the aliases it
+took pointed before, so a run that fails later (in a later task, or for good after retries) and
+has its version deleted puts `champion` back on the previous champion instead of leaving none.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Any
 from tasks import tracking
 
 logger = logging.getLogger(__name__)
+
+# Model-version tag `stratoflow.previous.<alias>`: the version the alias named before this one
+# took it ("" when it named none).
+PREVIOUS_ALIAS_TAG = "stratoflow.previous."
 
 
 @dataclass
@@ -108,10 +114,15 @@ def register(
     version = existing or mlflow.register_model(model_uri, model_name, tags=tags)
     if created:
         logger.info("registered %s version %s", model_name, version.version)
+    moving = [tracking.CHALLENGER, *([tracking.CHAMPION] if promote else [])]
     try:
-        mlflow_client.set_registered_model_alias(model_name, tracking.CHALLENGER, version.version)
-        if promote:
-            mlflow_client.set_registered_model_alias(model_name, tracking.CHAMPION, version.version)
+        for alias in moving:
+            previous = previous_aliases.get(alias, "")
+            if previous != str(version.version):  # a retry finds its own version there already
+                mlflow_client.set_model_version_tag(
+                    model_name, version.version, PREVIOUS_ALIAS_TAG + alias, previous
+                )
+            mlflow_client.set_registered_model_alias(model_name, alias, version.version)
         mlflow_client.set_tag(run_id, tracking.VERSION_TAG, version.version)
     except Exception:
         if created:
@@ -128,7 +139,15 @@ def register(
 
 
 def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:
-    """Remove every version a (failed) run registered; returns the deleted version numbers."""
+    """Remove every version a (failed) run registered and give its aliases back.
+
+    An alias the deleted version held goes back to the version it named before (recorded by
+    `register`), if that version still exists; so a run that was promoted and then failed leaves
+    the previous champion serving, not a model without a champion.
+
+    Returns:
+        The deleted version numbers.
+    """
     mlflow_client = tracking.client()
     try:
         versions = mlflow_client.search_model_versions(
@@ -137,9 +156,28 @@ def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:
     except Exception:
         return []
     for version in versions:
-        mlflow_client.delete_model_version(model_name, version.version)
-        logger.info("deleted %s version %s of failed run %s", model_name, version.version, run_id)
+        number = str(version.version)
+        held = [a for a, v in alias_targets(mlflow_client, model_name).items() if v == number]
+        tags = mlflow_client.get_model_version(model_name, number).tags
+        mlflow_client.delete_model_version(model_name, number)
+        logger.info("deleted %s version %s of failed run %s", model_name, number, run_id)
+        for alias in held:
+            _give_back(mlflow_client, model_name, alias, tags.get(PREVIOUS_ALIAS_TAG + alias))
     return [str(version.version) for version in versions]
+
+
+def _give_back(mlflow_client: Any, model_name: str, alias: str, previous: str | None) -> None:
+    if not previous:
+        return  # the alias named no version before: it stays unset
+    try:
+        mlflow_client.get_model_version(model_name, previous)
+    except Exception:
+        logger.warning(
+            "%s: %s cannot go back to version %s, which is gone", model_name, alias, previous
+        )
+        return
+    mlflow_client.set_registered_model_alias(model_name, alias, previous)
+    logger.info("%s: %s is version %s again", model_name, alias, previous)
 
 
 def alias_targets(mlflow_client: Any, model_name: str) -> dict[str, str]:

@@ -140,3 +140,28 @@ def test_a_table_logged_again_is_replaced_not_appended(digits_ref):
     with open(text) as handle:
         table = json.load(handle)
     assert table == {"columns": ["class", "recall"], "data": [[0, 0.5], [1, 1.0]]}
+
+
+def test_deleting_a_failed_runs_version_gives_champion_back_to_the_previous_one(
+    digits_ref, saved_model
+):
+    """A run promoted in log_and_register that then fails for good must not leave no champion."""
+    from tasks import registry, tracking
+
+    name = f"test-model-{uuid.uuid4().hex[:8]}"
+    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    runs = [new_run(digits_ref) for _ in range(3)]
+    uris = [registry.log_model(run, saved_model, example) for run in runs]
+    registry.register(name, runs[0], uris[0], promote=True, tags={})
+    registry.register(name, runs[1], uris[1], promote=False, tags={})
+    registry.register(name, runs[2], uris[2], promote=True, tags={})
+    mlflow_client = tracking.client()
+    assert registry.alias_targets(mlflow_client, name) == {"champion": "3", "challenger": "3"}
+
+    assert registry.delete_versions_of_run(name, runs[2]) == ["3"]
+    assert registry.alias_targets(mlflow_client, name) == {"champion": "1", "challenger": "2"}
+    assert registry.delete_versions_of_run(name, runs[1]) == ["2"]
+    assert registry.alias_targets(mlflow_client, name) == {"champion": "1", "challenger": "1"}
+    # The first version had nothing before it: its aliases are simply gone.
+    assert registry.delete_versions_of_run(name, runs[0]) == ["1"]
+    assert registry.alias_targets(mlflow_client, name) == {}
