@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -291,7 +290,7 @@ def log_and_register(
     )
     tracking.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id) / "checkpoints", ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
     logger.info(
         "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
     )
@@ -339,7 +338,7 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
     """
     from tasks import registry, tracking
 
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id)
     try:
         tracking.check_reachable()
     except tracking.TrackingUnavailableError as error:
