@@ -11,7 +11,8 @@ It runs on the pipeline's cron, and whenever its dataset's asset gets an event (
 Every training setting is a Param: trigger with a config such as
 `{"strategy": "mirrored", "replicas": 2, "epochs": 3}`; Airflow refuses invalid values before a
 run exists. A task that fails for good (retries exhausted) cleans up the run's MLflow run,
-checkpoints and registered version.
+checkpoints and registered version. A conf the spec refuses (e.g. a batch size the replicas
+cannot split) fails `prepare_dataset` at once, without a retry and before any MLflow run opens.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 
+from dags.refusals import no_retry_on_refusal
 from pipelines.assets import dataset_asset
 from pipelines.params import dag_params
 from pipelines.spec import PipelineSpec, list_pipelines, load_spec
@@ -111,18 +113,21 @@ def build_dag(spec: PipelineSpec) -> DAG:
         # multiple_outputs=False: each result travels as one small dict, not one XCom per key.
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def prepare_dataset(**context: Any) -> dict[str, Any]:
             from tasks import steps
 
             return steps.prepare(pipeline, context["params"], _airflow_run(context))
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def train_model(dataset: dict[str, Any], **context: Any) -> dict[str, Any]:
             from tasks import steps
 
             return steps.train(pipeline, context["params"], _airflow_run(context), dataset)
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def evaluate_model(
             dataset: dict[str, Any], training: dict[str, Any], **context: Any
         ) -> dict[str, Any]:
@@ -133,6 +138,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
             )
 
         @task(task_id="log_and_register", multiple_outputs=False)
+        @no_retry_on_refusal
         def log_and_register_model(
             dataset: dict[str, Any],
             training: dict[str, Any],

@@ -65,6 +65,14 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         raise SpecError(
             f"benchmark conf: unknown key {unknown[0]!r}; allowed: {', '.join(PARAM_KEYS)}"
         )
+    tolerance = params.get("tolerance", BENCHMARK_DEFAULT_TOLERANCE)
+    # A comparison with NaN is false: NaN fails the bounds here.
+    if isinstance(tolerance, bool) or not (
+        isinstance(tolerance, int | float) and 0 <= tolerance <= 1
+    ):
+        raise SpecError(
+            f"benchmark conf.tolerance must be a finite number within [0, 1], got {tolerance!r}"
+        )
     spec = load_spec(pipeline)
     overrides: dict[str, Any] = {k: params[k] for k in ("epochs", "seed") if k in params}
     return replace(spec, training=override_training(spec.training, overrides))

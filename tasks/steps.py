@@ -12,12 +12,12 @@ import functools
 import gc
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pipelines import settings
-from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_training
+from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_spec
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         and settings.standing_cluster()
     ):
         overrides["cluster"] = settings.standing_cluster()
-    return replace(spec, training=override_training(spec.training, overrides))
+    return override_spec(spec, overrides)
 
 
 @freezes_heap

@@ -70,8 +70,10 @@ def airflow_home(session_home: Path) -> AirflowHome:
         ({"replicas": 3}, "replicas", [str(n) for n in REPLICA_CHOICES]),
         ({"loop": "x"}, "loop", [repr(name) for name in LOOPS]),
         ({"epochs": 0}, "epochs", ["0 is less than the minimum of 1"]),
+        # NaN passes every bound: the schema refuses it by a `not` (pipelines.params.NOT_FINITE).
+        ({"learning_rate": float("nan")}, "learning_rate", ["nan", "NaN, Infinity or -Infinity"]),
     ],
-    ids=["strategy", "replicas", "loop", "epochs"],
+    ids=["strategy", "replicas", "loop", "epochs", "learning_rate=NaN"],
 )
 def test_cli_trigger_refuses_invalid_params_and_creates_no_run(
     airflow_home: AirflowHome, conf: dict[str, Any], field: str, expected: list[str]
@@ -144,6 +146,9 @@ INVALID_CONFS: list[tuple[dict[str, Any], str, str]] = [
     ({"batch_size": 0}, "batch_size", "is less than the minimum of 1"),
     ({"learning_rate": 0}, "learning_rate", "is less than or equal to the minimum of 0"),
     ({"learning_rate": 2}, "learning_rate", "is greater than the maximum of 1"),
+    ({"learning_rate": float("nan")}, "learning_rate", "should not be valid under {'title': 'NaN"),
+    ({"learning_rate": float("inf")}, "learning_rate", "inf is greater than the maximum of 1"),
+    ({"learning_rate": float("-inf")}, "learning_rate", "-inf is less than or equal to the min"),
     ({"seed": -1}, "seed", "is less than the minimum of 0"),
     ({"promote": "yes"}, "promote", "is not of type 'boolean'"),
 ]
