@@ -198,3 +198,51 @@ def test_invalid_confs_fail_airflow_validation_naming_the_field(
     assert not verdict["ok"], verdict
     assert verdict["error"].startswith(f"ParamValidationError: Invalid input for param {field}:")
     assert reason in verdict["error"]
+
+
+# Airflow's REST API app in-process (`airflow.api_fastapi.app`), on this home's metadata DB, every
+# request as admin (simple auth manager): the route, body parsing and Params validation a live
+# api-server runs. The body is sent as text, as the official client sends a float NaN.
+_REST_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from fastapi.testclient import TestClient
+    from airflow.api_fastapi.app import create_app
+
+    client = TestClient(create_app("core"))
+    answers = []
+    for body in sys.argv[2:]:
+        response = client.post(
+            f"/api/v2/dags/{sys.argv[1]}/dagRuns",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+        answers.append({"status": response.status_code, "json": response.json()})
+    print(json.dumps(answers))
+    """
+)
+
+
+def test_rest_api_refuses_non_finite_numbers_naming_the_field(airflow_home: AirflowHome) -> None:
+    bodies = [
+        '{"logical_date": null, "conf": {"learning_rate": NaN}}',
+        '{"logical_date": null, "conf": {"learning_rate": Infinity}}',
+        '{"logical_date": null, "conf": {"learning_rate": -Infinity}}',
+    ]
+    runs_before = airflow_home.run_count()
+    result = subprocess.run(
+        [sys.executable, "-c", _REST_SCRIPT, DAG_ID, *bodies],
+        env={**airflow_home.env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert [answer["status"] for answer in answers] == [400, 400, 400], answers
+    for answer in answers:
+        assert answer["json"]["detail"].startswith("Invalid input for param learning_rate: ")
+    assert "NaN, Infinity or -Infinity" in answers[0]["json"]["detail"]
+    assert airflow_home.run_count() == runs_before
