@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from dags.refusals import no_retry_on_refusal
 from pipelines.assets import dataset_asset
@@ -51,7 +52,15 @@ def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:
     def clean_up_failed_run(context: Any) -> None:
         from tasks import steps
 
-        steps.clean_up_failed_run(pipeline, _airflow_run(context))
+        run = _airflow_run(context)
+        # A refusal in the first try of the first task came before any MLflow call
+        # (`tasks.steps.prepare` resolves the config first): nothing to undo there.
+        refused_at_once = (
+            context["ti"].task_id == "prepare_dataset"
+            and run.try_number == 1
+            and isinstance(context.get("exception"), AirflowFailException)
+        )
+        steps.clean_up_failed_run(pipeline, run, tracked=not refused_at_once)
 
     return clean_up_failed_run
 

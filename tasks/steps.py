@@ -331,14 +331,23 @@ def refresh_dataset(dataset: str) -> dict[str, Any]:
     return {"dataset": dataset, "versions": versions}
 
 
-def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
+def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) -> None:
     """After a task failed for good: mark its MLflow run failed, remove versions and checkpoints.
 
     Best effort: it runs in a failure callback, so it logs what it cannot undo instead of raising.
+
+    Args:
+        pipeline: the pipeline name.
+        run: the failed DAG run.
+        tracked: False when the run failed before any MLflow call (its first task refused the
+            conf): only its folder is removed, and MLflow is not asked (importing and
+            connecting to it is most of this callback's time).
     """
+    settings.remove_run_dir(run.dag_id, run.run_id)
+    if not tracked:
+        return
     from tasks import registry, tracking
 
-    settings.remove_run_dir(run.dag_id, run.run_id)
     try:
         tracking.check_reachable()
     except tracking.TrackingUnavailableError as error:

@@ -285,6 +285,21 @@ def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_r
     assert tracking.find_run(tracking.client(), "digits", run.dag_id, run.run_id) is None
 
 
+def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, caplog):
+    from tasks import steps
+
+    run = new_run("digits")
+    (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, "http://127.0.0.1:9")  # nothing listens
+
+    steps.clean_up_failed_run("digits", run, tracked=False)
+    assert not settings.run_dir(run.dag_id, run.run_id).exists()
+    assert "cannot mark the MLflow run" not in caplog.text
+
+    steps.clean_up_failed_run("digits", run)  # a tracked run: MLflow is asked, and says so
+    assert "cannot mark the MLflow run" in caplog.text
+
+
 def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
     from tasks import steps
 
