@@ -249,7 +249,7 @@ def test_a_failed_run_with_id_dot_removes_its_own_folder_and_no_other(mlflow_cli
     result = dags_test(dag_id, {"strategy": "mirrored", "replicas": 2, "batch_size": 33}, ".")
 
     assert result.state == "failed", result.output[-3000:]
-    assert result.tries == {"prepare_dataset": 1}
-    assert not settings.run_dir(dag_id, ".").exists()  # the clean-up ran, for this run
     for other in others:
         assert (settings.run_dir(dag_id, other) / "model.keras").read_text() == other
+    assert not settings.run_dir(dag_id, ".").exists()  # the clean-up ran, for this run
+    assert result.tries == {"prepare_dataset": 1}
