@@ -21,6 +21,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, task
 
+from dags.refusals import no_retry_on_refusal
 from pipelines.params import benchmark_params
 from pipelines.spec import PipelineSpec, list_pipelines, load_spec
 
@@ -77,6 +78,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     ) as dag:
 
         @task(on_failure_callback=_mark_parent_failed(pipeline))
+        @no_retry_on_refusal
         def plan_strategies(**context: Any) -> list[dict[str, Any]]:
             from tasks import benchmark_steps
 
@@ -100,6 +102,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
             trigger_rule=TriggerRule.ALL_DONE,  # compare whatever finished, failures included
             on_failure_callback=_mark_parent_failed(pipeline),
         )
+        @no_retry_on_refusal
         def compare_strategies(
             planned: list[dict[str, Any]] | None, **context: Any
         ) -> dict[str, Any]:

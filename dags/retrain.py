@@ -12,7 +12,8 @@ Every training setting is a Param: trigger with a config such as
 `{"strategy": "mirrored", "replicas": 2, "epochs": 3}`; Airflow refuses invalid values before a
 run exists. A task that fails for good (retries exhausted) cleans up the run's MLflow run,
 checkpoints and registered version; if its process was killed outright, the DAG run's failure
-marks the MLflow run KILLED instead.
+marks the MLflow run KILLED instead. A conf the spec refuses (e.g. a batch size the replicas
+cannot split) fails `prepare_dataset` at once, without a retry and before any MLflow run opens.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
+from airflow.sdk.exceptions import AirflowFailException
 
+from dags.refusals import no_retry_on_refusal
 from pipelines.assets import dataset_asset
 from pipelines.params import dag_params
 from pipelines.spec import PipelineSpec, list_pipelines, load_spec
@@ -50,7 +53,15 @@ def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:
     def clean_up_failed_run(context: Any) -> None:
         from tasks import steps
 
-        steps.clean_up_failed_run(pipeline, _airflow_run(context))
+        run = _airflow_run(context)
+        # A refusal in the first try of the first task came before any MLflow call
+        # (`tasks.steps.prepare` resolves the config first): nothing to undo there.
+        refused_at_once = (
+            context["ti"].task_id == "prepare_dataset"
+            and run.try_number == 1
+            and isinstance(context.get("exception"), AirflowFailException)
+        )
+        steps.clean_up_failed_run(pipeline, run, tracked=not refused_at_once)
 
     return clean_up_failed_run
 
@@ -126,18 +137,21 @@ def build_dag(spec: PipelineSpec) -> DAG:
         # multiple_outputs=False: each result travels as one small dict, not one XCom per key.
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def prepare_dataset(**context: Any) -> dict[str, Any]:
             from tasks import steps
 
             return steps.prepare(pipeline, context["params"], _airflow_run(context))
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def train_model(dataset: dict[str, Any], **context: Any) -> dict[str, Any]:
             from tasks import steps
 
             return steps.train(pipeline, context["params"], _airflow_run(context), dataset)
 
         @task(multiple_outputs=False)
+        @no_retry_on_refusal
         def evaluate_model(
             dataset: dict[str, Any], training: dict[str, Any], **context: Any
         ) -> dict[str, Any]:
@@ -148,6 +162,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
             )
 
         @task(task_id="log_and_register", multiple_outputs=False)
+        @no_retry_on_refusal
         def log_and_register_model(
             dataset: dict[str, Any],
             training: dict[str, Any],

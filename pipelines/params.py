@@ -11,6 +11,7 @@ This module imports no Airflow: `dags/retrain.py` wraps each entry in `airflow.s
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
@@ -20,6 +21,14 @@ from pipelines.spec import PipelineSpec
 MAX_EPOCHS = 1000
 MAX_BATCH_SIZE = 65536
 MAX_SEED = 2**31 - 1
+
+# Matches NaN, Infinity and -Infinity, and no finite number: a `not` of it refuses them. Bounds
+# alone cannot (every comparison with NaN is false, so NaN passes `minimum` and `maximum`), and
+# JSON schema cannot write infinity as a bound. Its title shows in the error message.
+NOT_FINITE: dict[str, Any] = {
+    "title": "NaN, Infinity or -Infinity",
+    "anyOf": [{"exclusiveMinimum": sys.float_info.max}, {"exclusiveMaximum": -sys.float_info.max}],
+}
 
 
 def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
@@ -112,6 +121,7 @@ def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "type": "number",
             "exclusiveMinimum": 0,
             "maximum": 1,
+            "not": NOT_FINITE,
             "title": "Learning rate",
             "description": "Adam's learning rate, within (0, 1].",
         },
@@ -173,6 +183,7 @@ def benchmark_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "type": "number",
             "minimum": 0,
             "maximum": 1,
+            "not": NOT_FINITE,
             "title": "Accuracy tolerance",
             "description": (
                 "The recommendation is the fastest strategy whose final test accuracy is at "

@@ -28,7 +28,7 @@ from typing import Any
 
 from pipelines import settings
 from pipelines.params import benchmark_params, dag_params
-from pipelines.spec import SpecError, list_pipelines, load_spec, override_training
+from pipelines.spec import SpecError, list_pipelines, load_spec, override_spec
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     """
     spec = load_spec(pipeline)
     _check_against_params(dag_params(spec), conf)
-    override_training(spec.training, dict(conf))
+    override_spec(spec, dict(conf))
 
 
 def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:

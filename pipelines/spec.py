@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -154,6 +155,7 @@ def _check_values(spec: PipelineSpec, source: str) -> None:
     if missing:
         raise SpecError(f"{source}: dataset.splits lacks {', '.join(sorted(missing))}")
     check_training(spec.training, source + ": training")
+    check_model_strategy(spec, source + ": training")
     if not 0.0 <= spec.evaluation.min_accuracy <= 1.0:
         raise SpecError(f"{source}: evaluation.min_accuracy must be within [0, 1]")
     if spec.evaluation.max_regression < 0:
@@ -215,6 +217,26 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
         )
 
 
+def check_model_strategy(spec: PipelineSpec, where: str = "training") -> None:
+    """Refuse a strategy that cannot train the spec's model, from the spec alone (no TensorFlow).
+
+    `central_storage` fails on layers that draw random numbers; a bundled builder has Dropout
+    exactly when its `dropout` hyperparameter is non-zero (`tasks.models.has_random_layers`).
+    """
+    from tasks.models import has_random_layers  # light: Keras is imported only by the builders
+
+    training = spec.training
+    if training.strategy == "central_storage" and has_random_layers(
+        spec.model.builder, spec.model.hyperparameters
+    ):
+        raise SpecError(
+            f"{where}.strategy 'central_storage' cannot train model {spec.model.builder!r}: it "
+            f"has Dropout (model.hyperparameters.dropout "
+            f"{spec.model.hyperparameters.get('dropout')}), and TensorFlow's CentralStorage fails "
+            "on layers that draw random numbers; choose another strategy, e.g. 'mirrored'"
+        )
+
+
 def parse_cluster(text: str, where: str = "cluster") -> dict[str, list[str]]:
     """Parse and check a standing cluster spec: JSON with `worker` and `ps` lists of host:port."""
     try:
@@ -240,6 +262,20 @@ def override_training(training: TrainingConfig, overrides: dict[str, Any]) -> Tr
     merged = {**dataclasses.asdict(training), **overrides}
     result = _build(TrainingConfig, merged, "run conf")
     check_training(result, "run conf")
+    return result
+
+
+def override_spec(spec: PipelineSpec, overrides: dict[str, Any]) -> PipelineSpec:
+    """Return `spec` with a run's training overrides applied and the whole run validated.
+
+    Everything decided by the spec and the run conf alone is checked here, so that a run the
+    spec refuses fails before any work (the same answer on every try).
+
+    Raises:
+        SpecError: an invalid value or combination (named in the message).
+    """
+    result = dataclasses.replace(spec, training=override_training(spec.training, overrides))
+    check_model_strategy(result, "run conf")
     return result
 
 
@@ -287,6 +323,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         return list(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(f"{where}: expected a finite number, got {value!r}")
     if hint is Any:
         return value
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):

@@ -7,7 +7,6 @@ Pure functions on small dicts (no TensorFlow, no MLflow), so the rules are teste
 
 from __future__ import annotations
 
-import inspect
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -108,11 +107,9 @@ def cannot_run_reason(name: str, spec: PipelineSpec, host: HostDevices) -> str |
 
 def model_has_random_layers(spec: PipelineSpec) -> bool:
     """Whether `spec`'s model has Dropout: its `dropout` hyperparameter (or default) is non-zero."""
-    from tasks.models import MODEL_BUILDERS
+    from tasks.models import has_random_layers
 
-    parameter = inspect.signature(MODEL_BUILDERS[spec.model.builder]).parameters.get("dropout")
-    default = parameter.default if parameter is not None else 0.0
-    return bool(spec.model.hyperparameters.get("dropout", default))
+    return has_random_layers(spec.model.builder, spec.model.hyperparameters)
 
 
 def _entry(name: str, host: HostDevices, unavailable: str | None) -> dict[str, Any]:

@@ -20,7 +20,6 @@ Nothing here registers a model or moves an alias.
 from __future__ import annotations
 
 import logging
-import shutil
 from dataclasses import replace
 from typing import Any
 
@@ -65,6 +64,14 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     if unknown:
         raise SpecError(
             f"benchmark conf: unknown key {unknown[0]!r}; allowed: {', '.join(PARAM_KEYS)}"
+        )
+    tolerance = params.get("tolerance", BENCHMARK_DEFAULT_TOLERANCE)
+    # A comparison with NaN is false: NaN fails the bounds here.
+    if isinstance(tolerance, bool) or not (
+        isinstance(tolerance, int | float) and 0 <= tolerance <= 1
+    ):
+        raise SpecError(
+            f"benchmark conf.tolerance must be a finite number within [0, 1], got {tolerance!r}"
         )
     spec = load_spec(pipeline)
     overrides: dict[str, Any] = {k: params[k] for k in ("epochs", "seed") if k in params}
@@ -148,7 +155,7 @@ def train_strategy(
     dataset = entry["dataset"]
     child_run_id = _fresh_child_run(strategy_spec, run, entry["parent_run_id"], dataset)
     run_dir = settings.run_dir(run.dag_id, run.run_id) / strategy
-    shutil.rmtree(run_dir, ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id, strategy)
     try:
         if entry["unavailable"]:
             raise StrategyUnavailableError(
@@ -176,7 +183,7 @@ def train_strategy(
         tracking.finish_run(child_run_id, status="FAILED")
         raise
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)  # the benchmark keeps no model
+        settings.remove_run_dir(run.dag_id, run.run_id, strategy)  # the benchmark keeps no model
     logger.info("%s: test_accuracy %.4f", entry["label"], evaluation.test_accuracy)
     return {
         "strategy": strategy,
@@ -302,7 +309,7 @@ def mark_parent_failed(pipeline: str, run: AirflowRun) -> None:
             tracking.finish_run(parent.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not mark the benchmark run of %s failed", run.run_id)
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id)
 
 
 def _parent_identity(run: AirflowRun) -> dict[str, str]:

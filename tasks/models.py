@@ -55,6 +55,20 @@ def mlp(
 MODEL_BUILDERS: dict[str, Callable[..., Any]] = {"small_cnn": small_cnn, "mlp": mlp}
 
 
+def has_random_layers(builder: str, hyperparameters: dict[str, Any]) -> bool:
+    """Whether the model has layers that draw random numbers (Dropout), without building it.
+
+    A builder declares Dropout through its `dropout` hyperparameter: the model has Dropout
+    layers exactly when that value (or the builder's default) is non-zero. A builder without
+    that hyperparameter is taken to have none; the training process checks the built model again.
+    """
+    import inspect
+
+    parameter = inspect.signature(MODEL_BUILDERS[builder]).parameters.get("dropout")
+    default = parameter.default if parameter is not None else 0.0
+    return bool(hyperparameters.get("dropout", default))
+
+
 def build_model(
     builder: str, input_shape: Sequence[int], num_classes: int, hyperparameters: dict[str, Any]
 ) -> Any:

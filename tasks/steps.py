@@ -11,14 +11,13 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pipelines import settings
-from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_training
+from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_spec
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         and settings.standing_cluster()
     ):
         overrides["cluster"] = settings.standing_cluster()
-    return replace(spec, training=override_training(spec.training, overrides))
+    return override_spec(spec, overrides)
 
 
 @freezes_heap
@@ -291,7 +290,7 @@ def log_and_register(
     )
     tracking.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id) / "checkpoints", ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
     logger.info(
         "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
     )
@@ -332,14 +331,23 @@ def refresh_dataset(dataset: str) -> dict[str, Any]:
     return {"dataset": dataset, "versions": versions}
 
 
-def clean_up_failed_run(pipeline: str, run: AirflowRun) -> None:
+def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) -> None:
     """After a task failed for good: mark its MLflow run failed, remove versions and checkpoints.
 
     Best effort: it runs in a failure callback, so it logs what it cannot undo instead of raising.
+
+    Args:
+        pipeline: the pipeline name.
+        run: the failed DAG run.
+        tracked: False when the run failed before any MLflow call (its first task refused the
+            conf): only its folder is removed, and MLflow is not asked (importing and
+            connecting to it is most of this callback's time).
     """
+    settings.remove_run_dir(run.dag_id, run.run_id)
+    if not tracked:
+        return
     from tasks import registry, tracking
 
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
     try:
         tracking.check_reachable()
     except tracking.TrackingUnavailableError as error:

@@ -70,8 +70,10 @@ def airflow_home(session_home: Path) -> AirflowHome:
         ({"replicas": 3}, "replicas", [str(n) for n in REPLICA_CHOICES]),
         ({"loop": "x"}, "loop", [repr(name) for name in LOOPS]),
         ({"epochs": 0}, "epochs", ["0 is less than the minimum of 1"]),
+        # NaN passes every bound: the schema refuses it by a `not` (pipelines.params.NOT_FINITE).
+        ({"learning_rate": float("nan")}, "learning_rate", ["nan", "NaN, Infinity or -Infinity"]),
     ],
-    ids=["strategy", "replicas", "loop", "epochs"],
+    ids=["strategy", "replicas", "loop", "epochs", "learning_rate=NaN"],
 )
 def test_cli_trigger_refuses_invalid_params_and_creates_no_run(
     airflow_home: AirflowHome, conf: dict[str, Any], field: str, expected: list[str]
@@ -144,6 +146,9 @@ INVALID_CONFS: list[tuple[dict[str, Any], str, str]] = [
     ({"batch_size": 0}, "batch_size", "is less than the minimum of 1"),
     ({"learning_rate": 0}, "learning_rate", "is less than or equal to the minimum of 0"),
     ({"learning_rate": 2}, "learning_rate", "is greater than the maximum of 1"),
+    ({"learning_rate": float("nan")}, "learning_rate", "should not be valid under {'title': 'NaN"),
+    ({"learning_rate": float("inf")}, "learning_rate", "inf is greater than the maximum of 1"),
+    ({"learning_rate": float("-inf")}, "learning_rate", "-inf is less than or equal to the min"),
     ({"seed": -1}, "seed", "is less than the minimum of 0"),
     ({"promote": "yes"}, "promote", "is not of type 'boolean'"),
 ]
@@ -193,3 +198,51 @@ def test_invalid_confs_fail_airflow_validation_naming_the_field(
     assert not verdict["ok"], verdict
     assert verdict["error"].startswith(f"ParamValidationError: Invalid input for param {field}:")
     assert reason in verdict["error"]
+
+
+# Airflow's REST API app in-process (`airflow.api_fastapi.app`), on this home's metadata DB, every
+# request as admin (simple auth manager): the route, body parsing and Params validation a live
+# api-server runs. The body is sent as text, as the official client sends a float NaN.
+_REST_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from fastapi.testclient import TestClient
+    from airflow.api_fastapi.app import create_app
+
+    client = TestClient(create_app("core"))
+    answers = []
+    for body in sys.argv[2:]:
+        response = client.post(
+            f"/api/v2/dags/{sys.argv[1]}/dagRuns",
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+        answers.append({"status": response.status_code, "json": response.json()})
+    print(json.dumps(answers))
+    """
+)
+
+
+def test_rest_api_refuses_non_finite_numbers_naming_the_field(airflow_home: AirflowHome) -> None:
+    bodies = [
+        '{"logical_date": null, "conf": {"learning_rate": NaN}}',
+        '{"logical_date": null, "conf": {"learning_rate": Infinity}}',
+        '{"logical_date": null, "conf": {"learning_rate": -Infinity}}',
+    ]
+    runs_before = airflow_home.run_count()
+    result = subprocess.run(
+        [sys.executable, "-c", _REST_SCRIPT, DAG_ID, *bodies],
+        env={**airflow_home.env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert [answer["status"] for answer in answers] == [400, 400, 400], answers
+    for answer in answers:
+        assert answer["json"]["detail"].startswith("Invalid input for param learning_rate: ")
+    assert "NaN, Infinity or -Infinity" in answers[0]["json"]["detail"]
+    assert airflow_home.run_count() == runs_before

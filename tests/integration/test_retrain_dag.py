@@ -6,9 +6,16 @@ registering) that must leave nothing behind, and `stratoflow compare` over what 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +23,9 @@ from pipelines import cli, runner, settings
 from tests.conftest import fresh_mlflow_client
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+
+pytestmark = pytest.mark.integration
+log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -286,3 +296,120 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     predictions = np.asarray(model.predict(images[:500], verbose=0))
     assert predictions.shape == (500, 10)
     assert np.mean(predictions.argmax(axis=1) == labels[:500]) >= 0.9
+# `airflow dags test` makes up its run id; this runs the same CLI with the id chosen instead
+# (only `DagRun.generate_run_id` is replaced), as a REST trigger with `dag_run_id` would.
+_DAGS_TEST_WITH_RUN_ID = textwrap.dedent(
+    """
+    import sys
+    from airflow.models.dagrun import DagRun
+
+    run_id = sys.argv.pop(1)
+    DagRun.generate_run_id = staticmethod(lambda **_: run_id)
+    from airflow.__main__ import main
+
+    sys.argv[0] = "airflow"
+    main()
+    """
+)
+
+
+@dataclass(frozen=True)
+class DagTest:
+    run_id: str
+    returncode: int
+    output: str
+    seconds: float
+    state: str
+    tries: dict[str, int]  # task id -> tries recorded (1 = no retry)
+
+
+def dags_test(dag_id: str, conf: dict[str, Any], run_id: str) -> DagTest:
+    """`airflow dags test DAG_ID -c CONF` for run `run_id`: its output, duration and tries."""
+    home = runner.airflow_home()
+    env = runner.airflow_env(home)
+    runner.ensure_airflow_db(home, env)
+    command = [sys.executable, "-c", _DAGS_TEST_WITH_RUN_ID, run_id, "dags", "test", dag_id]
+    started = time.monotonic()
+    result = subprocess.run(
+        [*command, "-c", json.dumps(conf)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    with sqlite3.connect(home / "airflow.db") as connection:
+        (state,) = connection.execute(
+            "SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
+        ).fetchone()
+        tries = dict(
+            connection.execute(
+                "SELECT task_id, try_number FROM task_instance WHERE dag_id = ? AND run_id = ? "
+                "AND try_number > 0",
+                (dag_id, run_id),
+            ).fetchall()
+        )
+    log.info(
+        "dags test %s %r %s: %s in %.1f s, tries %s", dag_id, run_id, conf, state, seconds, tries
+    )
+    return DagTest(run_id, result.returncode, result.stdout + result.stderr, seconds, state, tries)
+
+
+def runs_of_dag_run(mlflow_client, pipeline: str, run_id: str) -> list[Any]:
+    from tasks import tracking
+
+    experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name(pipeline))
+    if experiment is None:
+        return []
+    return [
+        run
+        for run in mlflow_client.search_runs([experiment.experiment_id])
+        if run.data.tags.get("airflow.run_id") == run_id
+    ]
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        (
+            {"strategy": "mirrored", "replicas": 2, "batch_size": 33},
+            "run conf.batch_size 33 must be divisible by replicas 2",
+        ),
+        # digits' MLP has Dropout: refused from the spec, no longer by the training process.
+        ({"strategy": "central_storage"}, "run conf.strategy 'central_storage' cannot train"),
+    ],
+    ids=["batch_size", "central_storage"],
+)
+def test_a_conf_the_spec_refuses_fails_in_prepare_at_once_without_an_mlflow_run(
+    mlflow_client, conf: dict[str, Any], message: str
+) -> None:
+    run_id = f"refused__{time.time_ns()}"
+    # The digits spec retries once after 10 s: a retried refusal would show 2 tries.
+    result = dags_test("retrain_digits", conf, run_id)
+
+    assert result.returncode != 0
+    assert result.state == "failed"
+    assert result.tries == {"prepare_dataset": 1}, result.output[-3000:]
+    assert "AirflowFailException" in result.output
+    assert message in result.output
+    assert runs_of_dag_run(mlflow_client, "digits", run_id) == []
+
+
+def test_a_failed_run_with_id_dot_removes_its_own_folder_and_no_other(mlflow_client) -> None:
+    """Run id "." (Airflow accepts it) fails in prepare_dataset; the clean-up that follows must
+    not take the DAG's other runs' folders with it."""
+    dag_id = "retrain_digits"
+    others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b"]
+    for other in [*others, "."]:
+        folder = settings.run_dir(dag_id, other)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.keras").write_text(other)
+
+    result = dags_test(dag_id, {"strategy": "mirrored", "replicas": 2, "batch_size": 33}, ".")
+
+    assert result.state == "failed", result.output[-3000:]
+    for other in others:
+        assert (settings.run_dir(dag_id, other) / "model.keras").read_text() == other
+    assert not settings.run_dir(dag_id, ".").exists()  # the clean-up ran, for this run
+    assert result.tries == {"prepare_dataset": 1}

@@ -48,6 +48,7 @@ def test_an_unknown_strategy_is_a_usage_error_listing_the_allowed_ones(
         ({"strategies": ["warp"]}, "Invalid input for param strategies: 'warp' is not one of"),
         ({"strategies": "mirrored"}, "Invalid input for param strategies: 'mirrored' is not of"),
         ({"tolerance": 2}, "Invalid input for param tolerance: 2 is greater than"),
+        ({"tolerance": float("nan")}, "Invalid input for param tolerance: nan should not be"),
         ({"epochs": 0}, "Invalid input for param epochs: 0 is less than the minimum of 1"),
     ],
 )

@@ -141,6 +141,12 @@ def test_the_runner_home_is_inside_the_state_dir() -> None:
         ({"epochs": 0}, "Invalid input for param epochs: 0 is less than the minimum of 1"),
         ({"optimiser": "sgd"}, "run conf: unknown key 'optimiser'"),
         ({"strategy": "mirrored", "replicas": 4, "batch_size": 30}, "divisible by replicas 4"),
+        (
+            {"learning_rate": float("nan")},
+            "Invalid input for param learning_rate: nan should not be valid under "
+            "{'title': 'NaN, Infinity or -Infinity'",
+        ),
+        ({"learning_rate": float("inf")}, "Invalid input for param learning_rate: inf is greater"),
     ],
 )
 def test_check_conf_refuses_what_airflow_or_the_first_task_would(
@@ -149,6 +155,11 @@ def test_check_conf_refuses_what_airflow_or_the_first_task_would(
     with pytest.raises(SpecError) as error:
         runner.check_conf("mnist", conf)
     assert message in str(error.value)
+
+
+def test_check_conf_refuses_central_storage_for_a_model_with_dropout() -> None:
+    with pytest.raises(SpecError, match="'central_storage' cannot train model 'mlp'"):
+        runner.check_conf("digits", {"strategy": "central_storage"})
 
 
 def test_check_conf_accepts_a_valid_conf() -> None:

@@ -17,6 +17,7 @@ from pipelines.spec import (
     TrainingConfig,
     list_pipelines,
     load_spec,
+    override_spec,
     override_training,
     parse_spec,
 )
@@ -88,6 +89,8 @@ def test_unknown_pipeline_lists_the_available_ones() -> None:
         ("training.epochs", 0, r"training\.epochs must be >= 1"),
         ("training.learning_rate", 0, r"training\.learning_rate must be within \(0, 1\]"),
         ("evaluation.min_accuracy", 1.5, r"evaluation\.min_accuracy must be within \[0, 1\]"),
+        ("evaluation.min_accuracy", float("nan"), r"evaluation\.min_accuracy: expected a finite"),
+        ("evaluation.max_regression", float("inf"), r"max_regression: expected a finite number"),
         ("dataset.splits", {"train": "train"}, r"dataset\.splits lacks test, validation"),
     ],
 )
@@ -156,6 +159,33 @@ def test_override_training_applies_the_run_params() -> None:
 def test_override_training_refuses_bad_overrides(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
         override_training(load_spec("mnist").training, overrides)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused_naming_the_field(value: float) -> None:
+    with pytest.raises(SpecError, match=r"run conf\.learning_rate: expected a finite number"):
+        override_training(TrainingConfig(), {"learning_rate": value})
+
+
+def test_central_storage_is_refused_from_the_spec_when_the_model_has_dropout() -> None:
+    digits = load_spec("digits")  # mlp with dropout 0.1
+    with pytest.raises(
+        SpecError,
+        match=r"run conf\.strategy 'central_storage' cannot train model 'mlp': it has Dropout "
+        r"\(model\.hyperparameters\.dropout 0\.1\)",
+    ):
+        override_spec(digits, {"strategy": "central_storage"})
+    no_dropout = dataclasses.replace(
+        digits, model=dataclasses.replace(digits.model, hyperparameters={"dropout": 0.0})
+    )
+    assert override_spec(no_dropout, {"strategy": "central_storage"}).training.strategy == (
+        "central_storage"
+    )
+    assert override_spec(load_spec("mnist"), {"strategy": "central_storage"})  # dropout 0.0
+    spec_file = _with("training.strategy", "central_storage")
+    spec_file["model"]["hyperparameters"]["dropout"] = 0.2
+    with pytest.raises(SpecError, match=r"mnist\.yaml: training\.strategy 'central_storage'"):
+        parse_spec("mnist", spec_file, source="mnist.yaml")
 
 
 @pytest.mark.parametrize("name", ["mnist", "digits"])

@@ -97,3 +97,9 @@ def test_an_unknown_param_is_refused_before_any_run_exists(mlflow_client):
     with pytest.raises(SpecError, match="unknown key 'strategy'; allowed: epochs, seed"):
         benchmark_steps.plan("digits", {"strategy": "mirrored"}, AirflowRun(DAG_ID, "manual__x"))
     assert benchmark_steps.find_parent_run("digits", DAG_ID, "manual__x") is None
+
+
+@pytest.mark.parametrize("tolerance", [float("nan"), float("inf"), -0.5, "0.1"])
+def test_a_tolerance_that_is_not_a_finite_fraction_is_refused_naming_it(tolerance):
+    with pytest.raises(SpecError, match=r"benchmark conf\.tolerance must be a finite number"):
+        benchmark_steps.benchmark_spec("digits", {"tolerance": tolerance})

@@ -291,6 +291,49 @@ def test_bad_params_fail_before_any_work(tf_runtime):
         steps.prepare("digits", {"strategy": "mirrored", "batch_size": 33}, new_run("digits"))
 
 
+def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_runtime):
+    from pipelines.spec import SpecError
+    from tasks import steps, tracking
+
+    run = new_run("digits")  # digits' MLP has Dropout
+    with pytest.raises(SpecError, match="run conf.strategy 'central_storage' cannot train"):
+        steps.prepare("digits", {"strategy": "central_storage"}, run)
+    assert tracking.find_run(tracking.client(), "digits", run.dag_id, run.run_id) is None
+
+
+def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, caplog):
+    from tasks import steps
+
+    run = new_run("digits")
+    (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, "http://127.0.0.1:9")  # nothing listens
+
+    steps.clean_up_failed_run("digits", run, tracked=False)
+    assert not settings.run_dir(run.dag_id, run.run_id).exists()
+    assert "cannot mark the MLflow run" not in caplog.text
+
+    steps.clean_up_failed_run("digits", run)  # a tracked run: MLflow is asked, and says so
+    assert "cannot mark the MLflow run" in caplog.text
+
+
+def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
+    from tasks import steps
+
+    dag_id = "retrain_digits"
+    others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b", ".a"]
+    for run_id in [*others, "."]:
+        folder = settings.run_dir(dag_id, run_id) / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "ckpt-1.index").write_text(run_id)
+
+    steps.clean_up_failed_run("digits", AirflowRun(dag_id, "."))
+
+    assert not settings.run_dir(dag_id, ".").exists()
+    for run_id in others:
+        checkpoint = settings.run_dir(dag_id, run_id) / "checkpoints" / "ckpt-1.index"
+        assert checkpoint.read_text() == run_id
+
+
 def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_runtime):
     from pipelines.spec import load_spec
     from tasks import datasets, steps
