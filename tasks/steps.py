@@ -385,7 +385,7 @@ def clean_up_stopped_run(pipeline: str, run: AirflowRun) -> list[str]:
     """
     from tasks import registry, tracking
 
-    shutil.rmtree(settings.run_dir(run.dag_id, run.run_id), ignore_errors=True)
+    settings.remove_run_dir(run.dag_id, run.run_id)
     tracking.check_reachable()
     ended = tracking.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
     model = load_spec(pipeline).registered_model
