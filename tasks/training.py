@@ -377,7 +377,8 @@ class _CustomLoopEpoch:
         if self.record_steps:
             # The same traced steps and the same float additions as the call below makes.
             self.step_losses = [float(total_loss)]
-            for done in range(2, min(self.record_steps, self.steps) + 1):
+            done = min(self.record_steps, self.steps)
+            for _ in range(done - 1):
                 before = total_loss
                 total_loss, total_correct = self.run_steps(
                     iterator, tf.constant(1), tf.constant(0.0), total_correct

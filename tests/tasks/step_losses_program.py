@@ -6,7 +6,8 @@ make a multi-worker strategy only once, so one launch covers every seed: the str
 once and handed to `tasks.training.train` for each run.
 
 Payload: `pipeline`, `dataset`, `record_steps` and `runs`, a list of `{"config", "run_dir"}`.
-Result: `{"runs": [...]}`, one `{"step_losses", "model_path", "num_replicas", "num_workers"}` per run.
+Result: `{"runs": [...]}`, one `{"step_losses", "model_path", "num_replicas", "num_workers"}`
+per run.
 """
 
 from __future__ import annotations

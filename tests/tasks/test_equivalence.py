@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,7 +116,9 @@ def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, i
             "runs": [
                 {
                     "config": _config(spec),
-                    "run_dir": str(tmp_path_factory.mktemp(f"{pipeline}-mwms-{spec.training.seed}")),
+                    "run_dir": str(
+                        tmp_path_factory.mktemp(f"{pipeline}-mwms-{spec.training.seed}")
+                    ),
                 }
                 for spec in specs
             ],
@@ -138,9 +139,7 @@ def _config(spec: PipelineSpec) -> dict[str, Any]:
 
 def largest_step_difference(first: dict, second: dict) -> float:
     assert len(first["step_losses"]) == len(second["step_losses"]) == RECORDED_STEPS
-    return max(
-        abs(a - b) for a, b in zip(first["step_losses"], second["step_losses"], strict=True)
-    )
+    return max(abs(a - b) for a, b in zip(first["step_losses"], second["step_losses"], strict=True))
 
 
 def assert_pairs_agree(runs: dict, strategies: tuple[str, ...], pipeline: str) -> None:
