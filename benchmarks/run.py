@@ -517,7 +517,11 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "- Per-step losses of one_device, mirrored(2), central_storage(2) and "
             "multi_worker_mirrored (2 workers), first 10 steps, seeds 3, 17, 31: largest "
             "difference of any pair 1.7e-6 on mnist's CNN, 2.4e-7 on digits' MLP "
-            "(`tests/tasks/test_equivalence.py`, run with `-s`; it fails above 1e-5).",
+            "(`tests/tasks/test_equivalence.py`, run with `-s`; it fails above 1e-5). Final "
+            "test accuracy of digits' MLP after 8 epochs: the 4 strategies equal for each seed, "
+            "0.944-0.972 across the seeds (the test allows a spread of 0.02). The file took "
+            "492 s with the load average at 6-12 on 2 cores (other sessions' training), the 2 "
+            "mnist setups 270 s (in-process) and 221 s (MWMS).",
             "- The whole `.ci/run`: 11 minutes on 2 cores (274 tests), system packages "
             "installed, before `tests/tasks/test_equivalence.py` was added.",
             "",
