@@ -66,6 +66,8 @@ class TrainingResult:
     seconds_to_first_step: float | None = None
     train_seconds: float = 0.0
     peak_rss_mb: float = 0.0
+    # The loss of each of the first steps, when `train(record_steps=...)` asked for them.
+    step_losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +81,9 @@ def train(
     dataset: DatasetRef,
     run_dir: Path,
     on_epoch_end: EpochCallback | None = None,
+    *,
+    strategy: Any = None,
+    record_steps: int = 0,
 ) -> TrainingResult:
     """Train `spec.model` on `dataset` under `spec.training`, resuming from `run_dir` checkpoints.
 
@@ -87,14 +92,28 @@ def train(
         dataset: the prepared dataset.
         run_dir: the run-scoped folder: `checkpoints/`, `history.json`, `model.keras`.
         on_epoch_end: called after each epoch's checkpoint is saved.
+        strategy: a strategy this process already made for `spec.training` (a multi-worker
+            strategy can be made only once per process); made here when None.
+        record_steps: a diagnostic: the loss of each of the first `record_steps` steps of the
+            first epoch trained goes to `TrainingResult.step_losses` (custom loop, synchronous
+            strategies). Those steps run one call each, so the start of the run is slower.
 
     Returns:
         Where the model was saved, the per-epoch history and the strategy's shape.
+
+    Raises:
+        ValueError: `record_steps` with `fit` or `parameter_server`.
     """
     training = spec.training
-    # Multi-worker strategies must exist before any other TensorFlow op runs.
-    strategy = make_strategy(training)
-    _announce_ready()
+    if record_steps and (training.loop == "fit" or training.strategy == "parameter_server"):
+        raise ValueError(
+            "record_steps needs the custom loop and a synchronous strategy; got loop "
+            f"{training.loop!r}, strategy {training.strategy!r}"
+        )
+    if strategy is None:
+        # Multi-worker strategies must exist before any other TensorFlow op runs.
+        strategy = make_strategy(training)
+        _announce_ready()
     tf.keras.utils.set_random_seed(training.seed)
     chief = is_chief(strategy)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +173,7 @@ def train(
             run_epoch = _CustomLoopEpoch(
                 strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
             )
+            run_epoch.record_steps = record_steps
         evaluate = _make_evaluator(model)
 
         result = TrainingResult(
@@ -190,6 +210,8 @@ def train(
             )
             store.save(epoch, metrics)
             result.history.append(asdict(metrics))
+            if isinstance(run_epoch, _CustomLoopEpoch) and run_epoch.step_losses:
+                result.step_losses, run_epoch.record_steps = run_epoch.step_losses, 0
             if chief and on_epoch_end:  # e.g. the progress line and MLflow (tasks.training_worker)
                 on_epoch_end(metrics)
         result.train_seconds = time.perf_counter() - train_start
@@ -344,6 +366,9 @@ class _CustomLoopEpoch:
             return total_loss, total_correct
 
         self.run_steps = run_steps
+        # Diagnostic (`train(record_steps=...)`): the first steps one call each, their losses kept.
+        self.record_steps = 0
+        self.step_losses: list[float] = []
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
         batches = self.epoch_batches(epoch)
@@ -356,8 +381,20 @@ class _CustomLoopEpoch:
         )
         total_loss.numpy()
         first_step_done()
+        done = 1
+        if self.record_steps:
+            # The same traced steps and the same float additions as the call below makes.
+            self.step_losses = [float(total_loss)]
+            done = min(self.record_steps, self.steps)
+            for _ in range(done - 1):
+                before = total_loss
+                total_loss, total_correct = self.run_steps(
+                    iterator, tf.constant(1), tf.constant(0.0), total_correct
+                )
+                self.step_losses.append(float(total_loss))
+                total_loss = before + total_loss
         total_loss, total_correct = self.run_steps(
-            iterator, tf.constant(self.steps - 1), total_loss, total_correct
+            iterator, tf.constant(self.steps - done), total_loss, total_correct
         )
         return float(total_loss) / self.steps, float(total_correct) / (
             self.steps * self.global_batch_size

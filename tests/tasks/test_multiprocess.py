@@ -35,48 +35,6 @@ def losses(history) -> list[float]:
     return [entry["loss"] for entry in history]
 
 
-def test_multi_worker_mirrored_matches_mirrored(tf_runtime, tmp_path):
-    """Same seed, same data: MWMS over 2 workers x 1 replica == mirrored over 2 replicas."""
-    from tasks import cluster, launcher, tracking
-    from tasks.datasets import prepare_dataset
-    from tasks.training import train
-
-    spec = load_spec("digits")
-    spec = dataclasses.replace(
-        spec,
-        model=ModelSpec("mlp", {"hidden_units": [64], "dropout": 0.0}),
-        training=dataclasses.replace(spec.training, epochs=2, batch_size=64, seed=11),
-    )
-    dataset = prepare_dataset(spec.dataset)
-    mirrored_spec = dataclasses.replace(
-        spec, training=dataclasses.replace(spec.training, strategy="mirrored", replicas=2)
-    )
-    mirrored = train(mirrored_spec, dataset, tmp_path / "mirrored")
-
-    mwms_spec = dataclasses.replace(
-        spec, training=dataclasses.replace(spec.training, strategy="multi_worker_mirrored")
-    )
-    run = new_run("digits")
-    config = dataclasses.asdict(mwms_spec)
-    del config["name"]
-    payload = {
-        "pipeline": "digits",
-        "config": config,
-        "dataset": dataset.to_dict(),
-        "run_dir": str(tmp_path / "mwms"),
-        "tracking_uri": settings.tracking_uri(),
-        "mlflow_run_id": tracking.start_or_resume_run(
-            mwms_spec, run.dag_id, run.run_id, 1, dataset.to_dict()
-        ),
-    }
-    members, result_from = cluster.training_members(mwms_spec.training)
-    result = launcher.run_cluster(members, result_from, payload)
-
-    assert (result["num_workers"], result["num_replicas"]) == (2, 2)
-    assert losses(result["history"]) == pytest.approx(losses(mirrored.history), rel=1e-4)
-    assert cluster_children() == []
-
-
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdir, strategy):
     from tasks import steps, tracking

@@ -1,0 +1,190 @@
+"""What the synchronous strategies promise to agree on, on both bundled models and several seeds.
+
+Every pair of one_device, mirrored (2 replicas), central_storage (2 devices) and
+multi_worker_mirrored (2 real worker processes) starts from the same weights and reads the same
+batches in the same order, so each step's loss agrees to float rounding over the first steps. The
+strategies add the per-example losses and gradients in different orders (an all-reduce across
+replicas vs one device's reduction), and training amplifies that rounding step by step, so whole
+runs are not compared loss for loss: their final test accuracies are compared, within a band.
+
+The models are the bundled ones without Dropout: each replica draws its own dropout masks (so
+one_device and mirrored would legitimately differ), and central_storage refuses Dropout. mnist's
+CNN has none; digits' MLP is trained with `dropout: 0`. The in-process strategies run in the
+pytest process (two logical CPUs, see `tf_runtime`); multi_worker_mirrored is one cluster launch
+per model that trains every seed (tests/tasks/step_losses_program.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import pytest
+
+from pipelines.spec import ModelSpec, PipelineSpec, load_spec
+
+SEEDS = (3, 17, 31)
+# Steps compared per run, and how far apart two strategies' losses may be at any of them.
+RECORDED_STEPS = 10
+STEP_LOSS_BOUND = 1e-5
+# Epochs per run: one for mnist (the per-step check only), enough for digits to converge.
+EPOCHS = {"mnist": 1, "digits": 8}
+# Per seed, the spread (best minus worst) of the strategies' final test accuracies on digits.
+ACCURACY_BAND = 0.02
+IN_PROCESS = ("one_device", "mirrored", "central_storage")
+PIPELINES = ("mnist", "digits")
+
+
+def equivalence_spec(pipeline: str, strategy: str, seed: int) -> PipelineSpec:
+    """The bundled pipeline with Dropout off, 2 replicas or 2 workers, the given seed."""
+    spec = load_spec(pipeline)
+    hyperparameters = {**spec.model.hyperparameters, "dropout": 0.0}
+    return dataclasses.replace(
+        spec,
+        model=ModelSpec(spec.model.builder, hyperparameters),
+        training=dataclasses.replace(
+            spec.training,
+            strategy=strategy,
+            replicas=2,
+            workers=2,
+            loop="custom",
+            epochs=EPOCHS[pipeline],
+            seed=seed,
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def datasets(tf_runtime) -> dict[str, Any]:
+    from tasks.datasets import prepare_dataset
+
+    return {pipeline: prepare_dataset(load_spec(pipeline).dataset) for pipeline in PIPELINES}
+
+
+@pytest.fixture(scope="module")
+def held_out(datasets) -> dict[str, Any]:
+    from tasks.datasets import load_arrays
+
+    return {pipeline: load_arrays(datasets[pipeline], "test") for pipeline in PIPELINES}
+
+
+def final_test_accuracy(model_path: str, arrays: Any) -> float:
+    from tasks.evaluation import evaluate_model
+
+    return evaluate_model(model_path, *arrays).test_accuracy
+
+
+@pytest.fixture(scope="module")
+def in_process(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int], dict]:
+    """(pipeline, strategy, seed) → step losses and final test accuracy, trained in-process."""
+    from tasks.training import train
+
+    runs = {}
+    for pipeline, strategy, seed in itertools.product(PIPELINES, IN_PROCESS, SEEDS):
+        run_dir = tmp_path_factory.mktemp(f"{pipeline}-{strategy}-{seed}")
+        spec = equivalence_spec(pipeline, strategy, seed)
+        trained = train(spec, datasets[pipeline], run_dir, record_steps=RECORDED_STEPS)
+        runs[(pipeline, strategy, seed)] = {
+            "step_losses": trained.step_losses,
+            "num_replicas": trained.num_replicas,
+            "test_accuracy": final_test_accuracy(trained.model_path, held_out[pipeline]),
+        }
+    return runs
+
+
+@pytest.fixture(scope="module")
+def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int], dict]:
+    """(pipeline, multi_worker_mirrored, seed) → the same, from one 2-worker launch per model."""
+    from tasks import cluster, launcher
+
+    runs = {}
+    for pipeline in PIPELINES:
+        specs = [equivalence_spec(pipeline, "multi_worker_mirrored", seed) for seed in SEEDS]
+        build_members, result_from = cluster.training_members(specs[0].training)
+
+        def members(build_members: Any = build_members) -> list[launcher.Member]:
+            return [
+                dataclasses.replace(member, module="tests.tasks.step_losses_program")
+                for member in build_members()
+            ]
+
+        payload = {
+            "pipeline": pipeline,
+            "dataset": datasets[pipeline].to_dict(),
+            "record_steps": RECORDED_STEPS,
+            "runs": [
+                {
+                    "config": _config(spec),
+                    "run_dir": str(
+                        tmp_path_factory.mktemp(f"{pipeline}-mwms-{spec.training.seed}")
+                    ),
+                }
+                for spec in specs
+            ],
+        }
+        result = launcher.run_cluster(members, result_from, payload)
+        for seed, run in zip(SEEDS, result["runs"], strict=True):
+            assert (run["num_workers"], run["num_replicas"]) == (2, 2)
+            run["test_accuracy"] = final_test_accuracy(run["model_path"], held_out[pipeline])
+            runs[(pipeline, "multi_worker_mirrored", seed)] = run
+    return runs
+
+
+def _config(spec: PipelineSpec) -> dict[str, Any]:
+    config = dataclasses.asdict(spec)
+    del config["name"]
+    return config
+
+
+def largest_step_difference(first: dict, second: dict) -> float:
+    assert len(first["step_losses"]) == len(second["step_losses"]) == RECORDED_STEPS
+    return max(abs(a - b) for a, b in zip(first["step_losses"], second["step_losses"], strict=True))
+
+
+def assert_pairs_agree(runs: dict, strategies: tuple[str, ...], pipeline: str) -> None:
+    differences = {
+        (first, second, seed): largest_step_difference(
+            runs[(pipeline, first, seed)], runs[(pipeline, second, seed)]
+        )
+        for first, second in itertools.combinations(strategies, 2)
+        for seed in SEEDS
+    }
+    worst = max(differences, key=differences.__getitem__)
+    print(f"{pipeline}: largest per-step difference {differences[worst]:.2e} at {worst}")  # noqa: T201
+    too_far = {key: value for key, value in differences.items() if value > STEP_LOSS_BOUND}
+    assert not too_far, f"per-step losses further apart than {STEP_LOSS_BOUND}: {too_far}"
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_in_process_strategies_agree_step_by_step(in_process, pipeline):
+    assert {in_process[(pipeline, s, SEEDS[0])]["num_replicas"] for s in IN_PROCESS} == {1, 2}
+    assert_pairs_agree(in_process, IN_PROCESS, pipeline)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_every_synchronous_strategy_pair_agrees_step_by_step(in_process, multi_worker, pipeline):
+    runs = {**in_process, **multi_worker}
+    assert_pairs_agree(runs, (*IN_PROCESS, "multi_worker_mirrored"), pipeline)
+
+
+def test_the_step_bound_tells_different_starts_apart(in_process):
+    """Another seed (other initial weights and batches) is far outside the bound."""
+    for pipeline in PIPELINES:
+        difference = largest_step_difference(
+            in_process[(pipeline, "one_device", SEEDS[0])],
+            in_process[(pipeline, "one_device", SEEDS[1])],
+        )
+        assert difference > 100 * STEP_LOSS_BOUND
+
+
+@pytest.mark.integration
+def test_final_test_accuracy_of_every_strategy_within_the_band(in_process, multi_worker):
+    runs = {**in_process, **multi_worker}
+    strategies = (*IN_PROCESS, "multi_worker_mirrored")
+    for seed in SEEDS:
+        accuracies = {s: runs[("digits", s, seed)]["test_accuracy"] for s in strategies}
+        print(f"digits seed {seed}: test accuracy {accuracies}")  # noqa: T201
+        assert min(accuracies.values()) >= load_spec("digits").evaluation.min_accuracy
+        assert max(accuracies.values()) - min(accuracies.values()) <= ACCURACY_BAND, accuracies
