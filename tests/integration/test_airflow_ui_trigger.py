@@ -72,9 +72,10 @@ class Ui:
         self.page.goto(f"{self.base_url}/dags/{dag_id}")
         self.page.get_by_role("button", name="Trigger").first.click()
         dialog = self.page.get_by_role("dialog")
+        # The section and its fields render once the DAG's Params have loaded.
         dialog.get_by_role("button", name="Run Parameters").wait_for()
-        # The fields render from the DAG's Params; every DAG here has a seed.
-        dialog.get_by_text("Seed", exact=True).wait_for()
+        dialog.locator("[id^='element_']").first.wait_for(state="attached")
+        self.page.wait_for_timeout(1000)  # the form validates its values in an effect
         return dialog
 
 
