@@ -83,13 +83,15 @@ def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
             "description": "Parameter-server processes for `parameter_server`.",
         },
         "cluster": {
-            "default": training.cluster,
-            "type": "string",
+            # "null" in the type makes the Param optional in the UI's trigger form: a required
+            # string whose default is empty marks the form invalid and disables Trigger.
+            "default": training.cluster or None,
+            "type": ["null", "string"],
             "title": "Standing cluster",
             "description": (
                 'parameter_server only: standing servers as JSON {"worker": ["host:port"], '
-                '"ps": ["host:port"]} (started with `stratoflow serve`); empty: launch local '
-                "processes, or use $STRATOFLOW_CLUSTER."
+                '"ps": ["host:port"]} (started with `stratoflow serve`); empty or null: launch '
+                "local processes, or use $STRATOFLOW_CLUSTER."
             ),
         },
         "loop": {

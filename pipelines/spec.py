@@ -65,7 +65,8 @@ class TrainingConfig:
         ps: parameter-server processes for `parameter_server`.
         cluster: standing servers for `parameter_server`, as JSON
             `{"worker": ["host:port", ...], "ps": ["host:port", ...]}` (run with
-            `stratoflow serve`); empty: this task launches local ones (or `$STRATOFLOW_CLUSTER`).
+            `stratoflow serve`); empty (null in a run's overrides): this task launches local
+            ones (or `$STRATOFLOW_CLUSTER`).
         loop: "custom" (stratoflow's loop) or "fit" (Keras model.fit).
         epochs: passes over the training split.
         batch_size: the global batch, split across replicas.
@@ -260,6 +261,8 @@ def parse_cluster(text: str, where: str = "cluster") -> dict[str, list[str]]:
 def override_training(training: TrainingConfig, overrides: dict[str, Any]) -> TrainingConfig:
     """Return `training` with a run's overrides (DAG Params / CLI flags) applied and validated."""
     merged = {**dataclasses.asdict(training), **overrides}
+    if merged["cluster"] is None:
+        merged["cluster"] = ""  # the Param's default and a cleared form field: no standing cluster
     result = _build(TrainingConfig, merged, "run conf")
     check_training(result, "run conf")
     return result

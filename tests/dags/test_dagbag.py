@@ -202,9 +202,12 @@ def test_params_offer_every_training_setting_with_choices(
         "promote",
     ]
     for key, param in params.items():
-        assert param["value"] == getattr(spec.training, key), key
+        default = getattr(spec.training, key)
+        # No standing cluster is null in the form (an empty required string would block it).
+        assert param["value"] == (default or None if key == "cluster" else default), key
         assert param["description"], key
-        assert param["schema"]["type"] in ("string", "integer", "number", "boolean"), key
+        kinds = ("string", "integer", "number", "boolean", ["null", "string"])
+        assert param["schema"]["type"] in kinds, key
     assert params["strategy"]["schema"]["enum"] == list(STRATEGIES)
     assert params["loop"]["schema"]["enum"] == list(LOOPS)
     assert params["replicas"]["schema"]["enum"] == list(REPLICA_CHOICES)
@@ -226,6 +229,53 @@ def test_doc_md_explains_the_dag_and_the_pipeline(parsed: dict[str, Any], pipeli
     assert doc.startswith("Retrain a TensorFlow model and track it in MLflow")
     assert spec.description in doc
     assert spec.registered_model in doc
+
+
+def _ui_form_errors(params: dict[str, Any]) -> list[str]:
+    """The Params whose default makes Airflow 3.3's trigger form invalid (Trigger disabled).
+
+    The UI's rule (its FlexibleForm, in the JavaScript Airflow ships): a Param is required when
+    its schema has a `type` that is not a list containing "null"; the form is invalid while a
+    required Param's value is null, missing or "". The REST API then validates the submitted
+    values against the schema, so a default must also pass its own schema.
+    """
+    from jsonschema import ValidationError, validate
+
+    errors = []
+    for key, param in params.items():
+        schema, value = param["schema"], param["value"]
+        kind = schema.get("type")
+        required = bool(kind) and not (isinstance(kind, list) and "null" in kind)
+        if required and value in (None, ""):
+            errors.append(f"{key}: required ({kind}) with the empty default {value!r}")
+        try:
+            validate(value, schema)
+        except ValidationError as error:
+            errors.append(f"{key}: default {value!r} fails its schema: {error.message}")
+    return errors
+
+
+def test_every_params_default_makes_a_valid_trigger_form(parsed: dict[str, Any]) -> None:
+    dag_ids = [
+        dag_id
+        for dag_id in parsed["dags"]
+        if dag_id.startswith(("retrain_", "benchmark_strategies_"))
+    ]
+    assert len(dag_ids) == 2 * len(list_pipelines())
+    errors = {
+        dag_id: found
+        for dag_id in dag_ids
+        if (found := _ui_form_errors(parsed["dags"][dag_id]["params"]))
+    }
+    assert errors == {}
+
+
+def test_the_form_rule_flags_a_required_empty_default() -> None:
+    # The rule above must be able to fail: the `cluster` Param as it once was.
+    assert _ui_form_errors({"cluster": {"schema": {"type": "string"}, "value": ""}})
+    assert _ui_form_errors({"epochs": {"schema": {"type": "integer"}, "value": None}})
+    assert not _ui_form_errors({"cluster": {"schema": {"type": ["null", "string"]}, "value": None}})
+    assert not _ui_form_errors({"strategies": {"schema": {"type": "array"}, "value": []}})
 
 
 # --- the strategy benchmark DAGs (dags/benchmark_strategies.py) ------------------------------

@@ -8,7 +8,6 @@ run (`SerializedDAG.params.deep_merge(conf).validate()`), in a fresh subprocess.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 
 from pipelines import runner
 from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from pipelines.params import dag_params
 from pipelines.spec import load_spec
 
 DAG_ID = "retrain_mnist"
@@ -134,6 +134,8 @@ VALID_CONFS: list[dict[str, Any]] = [
     {"strategy": "tpu"},
     {"learning_rate": 1, "seed": 0, "promote": False},
     {"learning_rate": 0.0001, "batch_size": 1, "epochs": 1000},
+    {"cluster": None},  # what the UI's form sends by default: no standing cluster
+    {"cluster": ""},
 ]
 INVALID_CONFS: list[tuple[dict[str, Any], str, str]] = [
     ({"strategy": "Mirrored"}, "strategy", "is not one of"),
@@ -151,6 +153,7 @@ INVALID_CONFS: list[tuple[dict[str, Any], str, str]] = [
     ({"learning_rate": float("-inf")}, "learning_rate", "-inf is less than or equal to the min"),
     ({"seed": -1}, "seed", "is less than the minimum of 0"),
     ({"promote": "yes"}, "promote", "is not of type 'boolean'"),
+    ({"cluster": 5}, "cluster", "5 is not of type 'null', 'string'"),
 ]
 
 
@@ -180,7 +183,7 @@ def verdicts(airflow_home: AirflowHome) -> list[dict[str, Any]]:
 def test_valid_confs_pass_airflow_validation(verdicts: list[dict[str, Any]], index: int) -> None:
     verdict = verdicts[index]
     assert verdict["ok"], verdict
-    defaults = dataclasses.asdict(load_spec("mnist").training)
+    defaults = {key: kwargs["default"] for key, kwargs in dag_params(load_spec("mnist")).items()}
     assert verdict["params"] == {**defaults, **VALID_CONFS[index]}
 
 

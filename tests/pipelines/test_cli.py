@@ -18,6 +18,7 @@ import pytest
 from pipelines import cli, runner, settings
 from pipelines.options import STRATEGIES
 from pipelines.spec import SpecError
+from tasks.steps import resolve_config
 
 
 def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,6 +148,12 @@ def test_the_runner_home_is_inside_the_state_dir() -> None:
             "{'title': 'NaN, Infinity or -Infinity'",
         ),
         ({"learning_rate": float("inf")}, "Invalid input for param learning_rate: inf is greater"),
+        ({"cluster": 5}, "Invalid input for param cluster: 5 is not of type 'null', 'string'"),
+        ({"strategy": "parameter_server", "cluster": "ps:1"}, "run conf.cluster is not valid JSON"),
+        (
+            {"strategy": "parameter_server", "cluster": '{"worker": ["w:1"]}'},
+            'run conf.cluster must be a JSON object like {"worker"',
+        ),
     ],
 )
 def test_check_conf_refuses_what_airflow_or_the_first_task_would(
@@ -164,6 +171,20 @@ def test_check_conf_refuses_central_storage_for_a_model_with_dropout() -> None:
 
 def test_check_conf_accepts_a_valid_conf() -> None:
     runner.check_conf("mnist", {"strategy": "mirrored", "replicas": 2, "loop": "fit"})
+
+
+@pytest.mark.parametrize("cluster", [None, "", "omitted"])
+def test_no_standing_cluster_is_null_empty_or_omitted(
+    cluster: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The UI's trigger form sends the Param's default, null; the CLI and REST may send "".
+    conf = {"strategy": "parameter_server"} | ({} if cluster == "omitted" else {"cluster": cluster})
+    runner.check_conf("mnist", conf)
+    monkeypatch.delenv(settings.CLUSTER_ENV, raising=False)
+    assert resolve_config("mnist", conf).training.cluster == ""
+    standing = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
+    monkeypatch.setenv(settings.CLUSTER_ENV, standing)
+    assert resolve_config("mnist", conf).training.cluster == standing
 
 
 def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(
