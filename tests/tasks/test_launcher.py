@@ -36,7 +36,8 @@ def test_a_native_tensorflow_crash_becomes_a_clear_failure():
     message = str(failure.value)
     assert "training process" in message
     assert "crashed with SIGABRT (a native crash inside TensorFlow)" in message
-    assert "Check failed" in message  # the child's own last log lines are quoted
+    # The child's own last log lines are quoted.
+    assert "native crash program: mirrored training with a partial last batch" in message
 
 
 def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp_path):
