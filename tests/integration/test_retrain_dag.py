@@ -5,14 +5,17 @@ registering) that must leave nothing behind, and `stratoflow compare` over what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -199,6 +202,30 @@ def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
     assert not settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"]).exists()
 
 
+@contextlib.contextmanager
+def mlflow_pointed_at(uri: str) -> Iterator[None]:
+    """MLflow's process-wide tracking and registry URIs set to `uri`, then put back.
+
+    An earlier test module may have set them (and `set_tracking_uri` also writes
+    `$MLFLOW_TRACKING_URI`), so the fluent API would otherwise read another store.
+    """
+    import mlflow
+
+    saved = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    saved_env = os.environ.get(settings.TRACKING_URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved[0])
+        mlflow.set_registry_uri(saved[1])
+        if saved_env is None:
+            os.environ.pop(settings.TRACKING_URI_ENV, None)
+        else:
+            os.environ[settings.TRACKING_URI_ENV] = saved_env
+
+
 def readme_section(title: str) -> str:
     text = README.read_text()
     start = text.index(f"\n## {title}\n")
@@ -291,11 +318,14 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     # The model: the champion loads with the README's own line, and predicts.
     (model_uri,) = re.findall(r'`mlflow\.keras\.load_model\("(models:/[^"]+)"\)`', section)
     assert model_uri == "models:/stratoflow-mnist@champion"
-    model = mlflow.keras.load_model(model_uri)
+    with mlflow_pointed_at(settings.tracking_uri()):  # as a user's shell would be
+        model = mlflow.keras.load_model(model_uri)
     images, labels = datasets.load_arrays(reference, "test")
     predictions = np.asarray(model.predict(images[:500], verbose=0))
     assert predictions.shape == (500, 10)
     assert np.mean(predictions.argmax(axis=1) == labels[:500]) >= 0.9
+
+
 # `airflow dags test` makes up its run id; this runs the same CLI with the id chosen instead
 # (only `DagRun.generate_run_id` is replaced), as a REST trigger with `dag_run_id` would.
 _DAGS_TEST_WITH_RUN_ID = textwrap.dedent(
