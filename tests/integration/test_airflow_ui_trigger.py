@@ -183,9 +183,10 @@ def test_runs_triggered_from_the_form_succeed_under_the_chosen_strategy(
     spec = load_spec(pipeline)
     defaults = {key: kwargs["default"] for key, kwargs in dag_params(spec).items()}
     mlflow = live.mlflow()
-    experiment = mlflow.get_experiment_by_name(f"stratoflow/{pipeline}")
     for strategy, run_id in ui_runs.run_ids[dag_id].items():
         run = live.api.wait_for_run(dag_id, run_id, timeout_seconds=RUN_TIMEOUT_S)
+        # Looked up once a run has finished: the first run's prepare_dataset creates it.
+        experiment = mlflow.get_experiment_by_name(f"stratoflow/{pipeline}")
         tasks = {t["task_id"]: t["state"] for t in live.api.task_instances(dag_id, run_id)}
         assert run["state"] == "success", f"{run_id} ({strategy}): {run['state']}, tasks {tasks}"
         assert run["run_type"] == "manual"
