@@ -74,19 +74,12 @@ class Stopped(KeyboardInterrupt):
 def stop_on_signals() -> Iterator[None]:
     """While inside, SIGINT and SIGTERM raise `Stopped` (SIGTERM would otherwise kill the CLI
     at once and leave its `airflow dags test` running). Only the main thread gets signals."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def raise_stopped(signum: int, frame: Any) -> None:
         raise Stopped(signum)
 
-    previous = {signum: signal.signal(signum, raise_stopped) for signum in STOP_SIGNALS}
-    try:
+    with _handling(STOP_SIGNALS, raise_stopped):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _stoppable(
@@ -348,7 +341,7 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         returncode = process.wait()
     except KeyboardInterrupt as interrupt:
         signum = getattr(interrupt, "signum", signal.SIGINT)
-        with _ignoring(STOP_SIGNALS):  # a second Ctrl-C must not cut the clean-up short
+        with _handling(STOP_SIGNALS, signal.SIG_IGN):  # a 2nd Ctrl-C must not cut the clean-up
             raise _stop(process, dag_id, db, previous, signum) from None
     # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
     latest = _latest_run(db, dag_id)
@@ -514,11 +507,13 @@ def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _ignoring(signals: Sequence[int]) -> Iterator[None]:
+def _handling(signals: Sequence[int], handler: Any) -> Iterator[None]:
+    """While inside, `handler` handles `signals`; then the previous handlers again. Only the main
+    thread can set handlers (and gets signals): elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signals}
+    previous = {signum: signal.signal(signum, handler) for signum in signals}
     try:
         yield
     finally:
