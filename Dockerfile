@@ -24,6 +24,7 @@ RUN mkdir -p /opt/stratoflow/src /opt/stratoflow/home /opt/stratoflow/tensorflow
 USER 50000
 WORKDIR /opt/stratoflow/src
 COPY --chown=airflow:0 pyproject.toml README.md ./
+COPY --chown=airflow:0 stratoflow ./stratoflow
 COPY --chown=airflow:0 dags ./dags
 COPY --chown=airflow:0 tasks ./tasks
 COPY --chown=airflow:0 pipelines ./pipelines

@@ -1,7 +1,8 @@
 """Benchmarks that run inside one fresh TensorFlow process; prints one JSON object.
 
 `python -m benchmarks.in_process single` (one logical CPU device): an epoch of stratoflow's
-custom loop (`_CustomLoopEpoch` under one_device, on the input `tasks.training.train` builds)
+custom loop (`_CustomLoopEpoch` under one_device, on the input `stratoflow.training.trainer.train`
+builds)
 vs an epoch of a bare Keras `fit` on that same tf.data input; that `fit` XLA-compiled
 (`jit_compile=True`); the loop fed by in-memory tensors instead (real vs synthetic input); a
 matmul probe for the achieved vs peak FLOP/s (MFU).
@@ -30,11 +31,11 @@ MATMUL_RUNS = 10
 
 
 def main(mode: str) -> None:
-    from tasks.strategies import configure_host_devices
+    from stratoflow.training.strategies import configure_host_devices
 
     configure_host_devices(2 if mode == "mirrored" else 1)
-    from pipelines.spec import load_spec
-    from tasks.datasets import prepare_dataset
+    from stratoflow.config.spec import load_spec
+    from stratoflow.data.datasets import prepare_dataset
 
     spec = load_spec("mnist")
     dataset = prepare_dataset(spec.dataset)
@@ -93,7 +94,7 @@ def _single(spec: Any, dataset: Any) -> dict[str, Any]:
 def _mirrored(spec: Any, dataset: Any) -> dict[str, Any]:
     import dataclasses
 
-    from tasks.strategies import make_strategy
+    from stratoflow.training.strategies import make_strategy
 
     examples = _examples_per_epoch(spec, dataset)
     strategies = {  # as stratoflow's training process makes them
@@ -156,7 +157,7 @@ def _rate(amount: float, seconds: list[float]) -> float:
 
 def _real_batches(spec: Any, dataset: Any) -> Callable[[int], Any]:
     """The very input stratoflow trains on (TFDS files, cached, reshuffled each epoch)."""
-    from tasks.training import make_epoch_batches
+    from stratoflow.training.trainer import make_epoch_batches
 
     return make_epoch_batches(dataset, spec.training.batch_size, spec.training.seed)
 
@@ -165,7 +166,7 @@ def _synthetic_batches(spec: Any, dataset: Any) -> Callable[[int], Any]:
     """The same examples as in-memory tensors: no file reading, decoding or shuffling."""
     import tensorflow as tf
 
-    from tasks.datasets import load_arrays
+    from stratoflow.data.datasets import load_arrays
 
     images, labels = load_arrays(dataset, "train")
     batches = tf.data.Dataset.from_tensor_slices((images, labels)).batch(
@@ -177,7 +178,7 @@ def _synthetic_batches(spec: Any, dataset: Any) -> Callable[[int], Any]:
 def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
     import tensorflow as tf
 
-    from tasks.models import build_model
+    from stratoflow.training.models import build_model
 
     tf.keras.utils.set_random_seed(spec.training.seed)
     model = build_model(
@@ -191,8 +192,9 @@ def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
 def _custom_epoch(
     spec: Any, dataset: Any, strategy: Any, batches: Callable[[int], Any]
 ) -> Callable[[int], Any]:
-    """An epoch of the loop `tasks.training.train` runs (`_CustomLoopEpoch`), on `batches`."""
-    from tasks.training import _CustomLoopEpoch  # the very loop stratoflow trains with
+    """An epoch of the loop `stratoflow.training.trainer.train` runs (`_CustomLoopEpoch`), on
+    `batches`."""
+    from stratoflow.training.trainer import _CustomLoopEpoch  # the very loop stratoflow trains with
 
     with strategy.scope():
         model, optimizer = _new_model(spec, dataset)
@@ -225,7 +227,7 @@ def training_flops_per_example(spec: Any, dataset: Any) -> float:
     """Analytic FLOPs of one training example: 3 x the forward pass (forward + 2x backward)."""
     import tensorflow as tf
 
-    from tasks.models import build_model
+    from stratoflow.training.models import build_model
 
     model = build_model(
         spec.model.builder, dataset.image_shape, dataset.num_classes, spec.model.hyperparameters

@@ -22,7 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipelines import settings
+from stratoflow.config import names, settings
+from stratoflow.services import airflow_setup
 
 logger = logging.getLogger("benchmarks")
 
@@ -94,7 +95,8 @@ def _in_process(mode: str) -> dict[str, Any]:
 
 
 def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
-    from tasks import steps, tracking
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     cores = str(os.cpu_count() or 1)
     variants: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -121,7 +123,7 @@ def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
             finally:
                 for key, value in saved.items():
                     os.environ.pop(key, None) if value is None else os.environ.update({key: value})
-            client = tracking.client()
+            client = mlflow_runs.client()
             rates = sorted(
                 client.get_metric_history(trained["mlflow_run_id"], "examples_per_second"),
                 key=lambda m: m.step,
@@ -145,13 +147,14 @@ def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 def _epoch_logging(home: Path) -> dict[str, float]:
-    """Median seconds of one epoch's metrics reaching MLflow (`tasks.tracking.EpochLogger`).
+    """Median seconds of one epoch's metrics reaching MLflow
+    (`stratoflow.tracking.mlflow_runs.EpochLogger`).
 
     The training process makes this call between two epochs (never inside a step); the figure
     says what that pause costs, on the local SQLite store and through an MLflow server.
     """
-    from tasks import tracking
-    from tasks.cluster import free_ports
+    from stratoflow.distributed.cluster import free_ports
+    from stratoflow.tracking import mlflow_runs
 
     local_uri = settings.tracking_uri()
     seconds = {"sqlite": _time_epoch_logger(local_uri)}
@@ -167,49 +170,49 @@ def _epoch_logging(home: Path) -> dict[str, float]:
     )  # fmt: skip
     try:
         uri = f"http://127.0.0.1:{port}"
-        tracking.check_reachable(uri, attempts=30)
+        mlflow_runs.check_reachable(uri, attempts=30)
         seconds["server"] = _time_epoch_logger(uri)
     finally:
         server.terminate()
         server.wait(timeout=30)
         # MLflow's set_tracking_uri also sets $MLFLOW_TRACKING_URI, which the DAG run inherits.
         os.environ[settings.TRACKING_URI_ENV] = local_uri
-        tracking.client(local_uri)
+        mlflow_runs.client(local_uri)
     return seconds
 
 
 def _time_epoch_logger(tracking_uri: str, epochs: int = 20) -> float:
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
-    mlflow_client = tracking.client(tracking_uri)
+    mlflow_client = mlflow_runs.client(tracking_uri)
     run_id = mlflow_client.create_run("0").info.run_id
-    log_epoch = tracking.EpochLogger(tracking_uri, run_id)
+    log_epoch = mlflow_runs.EpochLogger(tracking_uri, run_id)
     durations = []
     for epoch in range(1, epochs + 1):
         started = time.perf_counter()
-        log_epoch({"epoch": epoch, **{key: 0.5 for key in tracking.EPOCH_METRICS}})
+        log_epoch({"epoch": epoch, **{key: 0.5 for key in names.EPOCH_METRICS}})
         durations.append(time.perf_counter() - started)
     return statistics.median(durations)
 
 
 def _orchestration() -> dict[str, Any]:
-    from pipelines import runner
-    from tasks import reporting, tracking
+    from stratoflow.cli import runner
+    from stratoflow.tracking import mlflow_runs, reports
 
-    home = runner.airflow_home()
-    env = runner.airflow_env(home)
-    runner.ensure_airflow_db(home, env)  # one-off set-up, not per run
+    home = airflow_setup.airflow_home()
+    env = airflow_setup.airflow_env(home)
+    airflow_setup.ensure_airflow_db(home, env)  # one-off set-up, not per run
     # What `make run` does (runner.run_pipeline), with the `airflow dags test` process timed alone.
     started = time.perf_counter()
     runner.check_conf("mnist", {})
     dags_test_started = time.perf_counter()
     # Raises if the DAG run failed.
-    run_id = runner.dags_test(runner.dag_id_for("mnist"), {}, home, env)
+    run_id = runner.dags_test(names.retrain_dag_id("mnist"), {}, home, env)
     dags_test_wall = time.perf_counter() - dags_test_started
-    summary = reporting.describe_dag_run("mnist", "retrain_mnist", run_id)
+    summary = reports.describe_dag_run("mnist", "retrain_mnist", run_id)
     sys.stdout.write(runner.format_summary("mnist", run_id, summary))
     wall = time.perf_counter() - started
-    metrics = tracking.client().get_run(summary["mlflow_run_id"]).data.metrics
+    metrics = mlflow_runs.client().get_run(summary["mlflow_run_id"]).data.metrics
     with sqlite3.connect(home / "airflow.db") as db:
         tasks = dict(
             db.execute(

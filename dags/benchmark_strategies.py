@@ -16,22 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, task
 
 from dags.refusals import no_retry_on_refusal
-from pipelines.params import benchmark_params
-from pipelines.spec import PipelineSpec, list_pipelines, load_spec
+from stratoflow.config import names
+from stratoflow.config.params import benchmark_params
+from stratoflow.config.spec import PipelineSpec, list_pipelines, load_spec
 
 START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
-DAG_ID_PREFIX = Path(__file__).stem  # "benchmark_strategies"
-
-
-def dag_id_for(pipeline: str) -> str:
-    """The DAG id of pipeline `pipeline`'s benchmark, e.g. `benchmark_strategies_mnist`."""
-    return f"{DAG_ID_PREFIX}_{pipeline}"
 
 
 def _airflow_run(context: Any) -> Any:
@@ -42,9 +36,9 @@ def _airflow_run(context: Any) -> Any:
 
 def _mark_parent_failed(pipeline: str) -> Callable[[Any], None]:
     def mark_parent_failed(context: Any) -> None:
-        from tasks import benchmark_steps
+        from tasks import strategy_benchmark
 
-        benchmark_steps.mark_parent_failed(pipeline, _airflow_run(context))
+        strategy_benchmark.mark_parent_failed(pipeline, _airflow_run(context))
 
     return mark_parent_failed
 
@@ -61,7 +55,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     """
     pipeline = spec.name
     with DAG(
-        dag_id=dag_id_for(pipeline),
+        dag_id=names.benchmark_dag_id(pipeline),
         description=f"Benchmark the tf.distribute strategies on pipeline {pipeline}",
         doc_md=(__doc__ or "").strip(),
         schedule=None,
@@ -80,9 +74,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
         @task(on_failure_callback=_mark_parent_failed(pipeline))
         @no_retry_on_refusal
         def plan_strategies(**context: Any) -> list[dict[str, Any]]:
-            from tasks import benchmark_steps
+            from tasks import strategy_benchmark
 
-            return benchmark_steps.plan(pipeline, context["params"], _airflow_run(context))
+            return strategy_benchmark.plan(pipeline, context["params"], _airflow_run(context))
 
         # retries=0: a failed strategy is a result to report, and a retry would resume from
         # checkpoints and time a different run. One at a time: parallel trainings share cores.
@@ -92,9 +86,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
             map_index_template="{{ task.op_kwargs['entry']['strategy'] }}",
         )
         def train_strategy(entry: dict[str, Any], **context: Any) -> dict[str, Any]:
-            from tasks import benchmark_steps
+            from tasks import strategy_benchmark
 
-            return benchmark_steps.train_strategy(
+            return strategy_benchmark.train_strategy(
                 pipeline, context["params"], _airflow_run(context), entry
             )
 
@@ -106,9 +100,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
         def compare_strategies(
             planned: list[dict[str, Any]] | None, **context: Any
         ) -> dict[str, Any]:
-            from tasks import benchmark_steps
+            from tasks import strategy_benchmark
 
-            return benchmark_steps.compare(
+            return strategy_benchmark.compare(
                 pipeline, context["params"], _airflow_run(context), planned
             )
 

@@ -16,7 +16,12 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from pipelines.assets import dataset_asset, datasets_in_use, pipelines_reading, refresh_dag_id
+from stratoflow.config import names
+from stratoflow.config.assets import (
+    dataset_asset,
+    datasets_in_use,
+    pipelines_reading,
+)
 
 START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 OWNER = "ml-platform"
@@ -33,7 +38,7 @@ def build_dag(dataset: str) -> DAG:
     asset = dataset_asset(dataset)
     readers = pipelines_reading(dataset)
     with DAG(
-        dag_id=refresh_dag_id(dataset),
+        dag_id=names.refresh_dag_id(dataset),
         description=f"Refresh {dataset}; retrains {', '.join(readers)}.",
         doc_md=(__doc__ or "").strip()
         + f"\n\n## Dataset `{dataset}`\n\nRead by the pipelines: {', '.join(readers)}.",

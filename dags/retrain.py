@@ -20,25 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from dags.refusals import no_retry_on_refusal
-from pipelines.assets import dataset_asset
-from pipelines.params import dag_params
-from pipelines.spec import PipelineSpec, list_pipelines, load_spec
+from stratoflow.config import names
+from stratoflow.config.assets import dataset_asset
+from stratoflow.config.params import dag_params
+from stratoflow.config.spec import PipelineSpec, list_pipelines, load_spec
 
 # Fixed and in the past: with catchup off, only the next scheduled slot (or a trigger) runs.
 START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
-DAG_ID_PREFIX = Path(__file__).stem  # "retrain": the DAG ids follow the file name
-
-
-def dag_id_for(pipeline: str) -> str:
-    """The DAG id of pipeline `pipeline`, e.g. `retrain_mnist`."""
-    return f"{DAG_ID_PREFIX}_{pipeline}"
 
 
 def _airflow_run(context: Any) -> Any:
@@ -117,7 +111,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     """
     pipeline = spec.name
     with DAG(
-        dag_id=dag_id_for(pipeline),
+        dag_id=names.retrain_dag_id(pipeline),
         description=spec.description,
         doc_md=_doc_md(spec),
         schedule=schedule_for(spec),

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pipelines import settings
-from pipelines.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_spec
+from stratoflow.config import names, settings
+from stratoflow.config.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_spec
 
 logger = logging.getLogger(__name__)
 
@@ -95,20 +95,21 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> dict[str,
     """Validate the run's config, build or load the dataset and open the run's MLflow run.
 
     Returns:
-        The dataset reference (`tasks.datasets.DatasetRef` as a dict) plus `mlflow_run_id`.
+        The dataset reference (`stratoflow.data.datasets.DatasetRef` as a dict) plus
+        `mlflow_run_id`.
 
     Raises:
         SpecError: invalid Params.
         TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
     """
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
     spec = resolve_config(pipeline, params)
-    tracking.check_reachable()
-    from tasks import datasets  # imports TensorFlow: after the cheap checks
+    mlflow_runs.check_reachable()
+    from stratoflow.data import datasets  # imports TensorFlow: after the cheap checks
 
     reference = datasets.prepare_dataset(spec.dataset).to_dict()
-    mlflow_run_id = tracking.start_or_resume_run(
+    mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, reference
     )
     return {**reference, "mlflow_run_id": mlflow_run_id}
@@ -123,11 +124,11 @@ def train(
     Returns:
         The MLflow run id, the saved model's path and the shape of the strategy that ran.
     """
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
     spec = resolve_config(pipeline, params)
-    tracking.check_reachable()
-    mlflow_run_id = tracking.start_or_resume_run(
+    mlflow_runs.check_reachable()
+    mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, dataset
     )
     result = run_training(spec, dataset, settings.run_dir(run.dag_id, run.run_id), mlflow_run_id)
@@ -148,14 +149,17 @@ def run_training(
 ) -> dict[str, Any]:
     """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
 
-    The processes come from `tasks.cluster` (one, or a local cluster), supervised by
-    `tasks.launcher`; checkpoints in `run_dir` let a retry resume. Logs the run's shape tags and
+    The processes come from `stratoflow.distributed.cluster` (one, or a local cluster), supervised
+    by
+    `stratoflow.distributed.launcher`; checkpoints in `run_dir` let a retry resume. Logs the run's
+    shape tags and
     its timings (`train_seconds`, `peak_rss_mb`, `seconds_to_first_step`).
 
     Returns:
         The training process's `TrainingResult` as a dict (history, model path, shape, timings).
     """
-    from tasks import cluster, launcher, plots, tracking
+    from stratoflow.distributed import cluster, launcher
+    from stratoflow.tracking import mlflow_runs, plots
 
     payload = {
         "pipeline": spec.name,
@@ -167,17 +171,17 @@ def run_training(
     }
     members, result_from = cluster.training_members(spec.training)
     result = launcher.run_cluster(members, result_from, payload)
-    tracking.set_tags(
+    mlflow_runs.set_tags(
         mlflow_run_id,
         {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},
     )
     timings = {"train_seconds": result["train_seconds"], "peak_rss_mb": result["peak_rss_mb"]}
     if result["seconds_to_first_step"] is not None:
         timings["seconds_to_first_step"] = result["seconds_to_first_step"]
-    tracking.log_metrics(mlflow_run_id, timings)
+    mlflow_runs.log_metrics(mlflow_run_id, timings)
     if result["history"]:
         figure = plots.training_curves(result["history"], title=_run_title(spec, result))
-        tracking.log_figure(mlflow_run_id, figure, tracking.CURVES_ARTIFACT)
+        mlflow_runs.log_figure(mlflow_run_id, figure, names.CURVES_ARTIFACT)
     return result
 
 
@@ -190,7 +194,8 @@ def evaluate(
     training: dict[str, Any],
 ) -> dict[str, Any]:
     """Score the model on the test split and decide the gate against the current champion."""
-    from tasks import evaluation, tracking
+    from stratoflow.tracking import mlflow_runs
+    from stratoflow.training import evaluation
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = training["mlflow_run_id"]
@@ -201,9 +206,9 @@ def evaluate(
         title=f"{spec.name}: {spec.training.strategy}, {training['num_replicas']} replica(s)",
     )
     decision = evaluation.decide_gate(
-        result.test_accuracy, spec.evaluation, tracking.champion(spec.registered_model)
+        result.test_accuracy, spec.evaluation, mlflow_runs.champion(spec.registered_model)
     )
-    tracking.set_tags(
+    mlflow_runs.set_tags(
         mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
     )
     logger.info(
@@ -230,28 +235,30 @@ def score_test_split(
     matrix figure (titled `title`).
 
     Returns:
-        The `tasks.evaluation.EvaluationResult`.
+        The `stratoflow.training.evaluation.EvaluationResult`.
     """
-    from tasks import datasets, evaluation, plots, tracking
+    from stratoflow.data import datasets
+    from stratoflow.tracking import mlflow_runs, plots
+    from stratoflow.training import evaluation
 
     images, labels = datasets.load_arrays(_dataset_reference(dataset), "test")
     result = evaluation.evaluate_model(model_path, images, labels)
-    tracking.log_metrics(mlflow_run_id, result.metrics())
-    tracking.client().log_dict(
+    mlflow_runs.log_metrics(mlflow_run_id, result.metrics())
+    mlflow_runs.client().log_dict(
         mlflow_run_id,
         {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
-        tracking.TEST_METRICS_ARTIFACT,
+        names.TEST_METRICS_ARTIFACT,
     )
     class_names = list(dataset["class_names"])
-    tracking.log_figure(
+    mlflow_runs.log_figure(
         mlflow_run_id,
         plots.confusion_matrix(result.confusion_matrix, class_names, title=title),
-        tracking.CONFUSION_MATRIX_ARTIFACT,
+        names.CONFUSION_MATRIX_ARTIFACT,
     )
-    tracking.log_table(
+    mlflow_runs.log_table(
         mlflow_run_id,
         _per_class_columns(result.per_class, class_names),
-        tracking.PER_CLASS_ARTIFACT,
+        names.PER_CLASS_ARTIFACT,
     )
     return result
 
@@ -269,26 +276,27 @@ def log_and_register(
 
     `champion` moves only when the gate passed and the run's `promote` Param is true.
     """
-    from tasks import datasets, registry, tracking
+    from stratoflow.data import datasets
+    from stratoflow.tracking import mlflow_runs, model_registry
 
     spec = resolve_config(pipeline, params)
     mlflow_run_id = training["mlflow_run_id"]
     images, _ = datasets.load_arrays(_dataset_reference(dataset), "test")
-    model_uri = registry.log_model(mlflow_run_id, training["model_path"], images[:2])
+    model_uri = model_registry.log_model(mlflow_run_id, training["model_path"], images[:2])
     promote = bool(spec.training.promote and evaluation["gate"]["passed"])
-    result = registry.register(
+    result = model_registry.register(
         spec.registered_model,
         mlflow_run_id,
         model_uri,
         promote=promote,
         tags={
-            "airflow.dag_id": run.dag_id,
-            "airflow.run_id": run.run_id,
+            names.DAG_ID_TAG: run.dag_id,
+            names.RUN_ID_TAG: run.run_id,
             "strategy": spec.training.strategy,
             "test_accuracy": f"{evaluation['test_accuracy']:.4f}",
         },
     )
-    tracking.finish_run(mlflow_run_id)
+    mlflow_runs.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
     settings.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
     logger.info(
@@ -311,8 +319,8 @@ def refresh_dataset(dataset: str) -> dict[str, Any]:
     Raises:
         KeyError: no pipeline reads `dataset`.
     """
-    from pipelines.assets import datasets_in_use
-    from tasks import datasets
+    from stratoflow.config.assets import datasets_in_use
+    from stratoflow.data import datasets
 
     specs = datasets_in_use()
     if dataset not in specs:
@@ -346,11 +354,11 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) ->
     settings.remove_run_dir(run.dag_id, run.run_id)
     if not tracked:
         return
-    from tasks import registry, tracking
+    from stratoflow.tracking import mlflow_runs, model_registry
 
     try:
-        tracking.check_reachable()
-    except tracking.TrackingUnavailableError as error:
+        mlflow_runs.check_reachable()
+    except mlflow_runs.TrackingUnavailableError as error:
         # MLflow's own client would retry for minutes inside this callback: report and stop.
         logger.error(
             "cannot mark the MLflow run of %s failed or remove its model versions: %s",
@@ -360,12 +368,12 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) ->
         return
     try:
         spec = load_spec(pipeline)
-        mlflow_client = tracking.client()
-        mlflow_run = tracking.find_run(mlflow_client, pipeline, run.dag_id, run.run_id)
+        mlflow_client = mlflow_runs.client()
+        mlflow_run = mlflow_runs.find_run(mlflow_client, pipeline, run.dag_id, run.run_id)
         if mlflow_run is None:
             return
-        registry.delete_versions_of_run(spec.registered_model, mlflow_run.info.run_id)
-        tracking.finish_run(mlflow_run.info.run_id, status="FAILED")
+        model_registry.delete_versions_of_run(spec.registered_model, mlflow_run.info.run_id)
+        mlflow_runs.finish_run(mlflow_run.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
 
@@ -383,14 +391,14 @@ def clean_up_stopped_run(pipeline: str, run: AirflowRun) -> list[str]:
     Raises:
         TrackingUnavailableError: MLflow does not answer (the folder is removed all the same).
     """
-    from tasks import registry, tracking
+    from stratoflow.tracking import mlflow_runs, model_registry
 
     settings.remove_run_dir(run.dag_id, run.run_id)
-    tracking.check_reachable()
-    ended = tracking.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
+    mlflow_runs.check_reachable()
+    ended = mlflow_runs.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
     model = load_spec(pipeline).registered_model
     for mlflow_run_id in ended:
-        registry.delete_versions_of_run(model, mlflow_run_id)
+        model_registry.delete_versions_of_run(model, mlflow_run_id)
     return ended
 
 
@@ -422,6 +430,6 @@ def _spec_as_dict(spec: PipelineSpec) -> dict[str, Any]:
 
 
 def _dataset_reference(upstream: dict[str, Any]) -> Any:
-    from tasks.datasets import DatasetRef
+    from stratoflow.data.datasets import DatasetRef
 
     return DatasetRef.from_dict({k: v for k, v in upstream.items() if k != "mlflow_run_id"})

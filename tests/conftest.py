@@ -74,7 +74,7 @@ def pytest_runtest_makereport(
 @pytest.fixture(scope="session")
 def tf_runtime():
     """TensorFlow in the pytest process, with two logical CPUs (must precede any TF op)."""
-    from tasks.strategies import configure_host_devices
+    from stratoflow.training.strategies import configure_host_devices
 
     configure_host_devices(TEST_LOGICAL_CPUS)
     import tensorflow as tf
@@ -85,13 +85,13 @@ def tf_runtime():
 def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[object]:
     """For a module-scoped fixture: an MlflowClient on a new SQLite store, set as the tracking
     URI (so Airflow subprocesses started meanwhile use it too) until the fixture ends."""
-    from pipelines import settings
-    from tasks import tracking
+    from stratoflow.config import settings
+    from stratoflow.tracking import mlflow_runs
 
     store = tmp_path_factory.mktemp(name) / "mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
-        yield tracking.client()
+        yield mlflow_runs.client()
 
 
 # Fixtures for tests that start processes (tests/processes.py).

@@ -19,8 +19,10 @@ from typing import Any
 import psutil
 import pytest
 
-TRAINING_MODULE = "tasks.training_worker"
-SERVER_MODULE = "tasks.cluster_server"
+from stratoflow.config import names
+
+TRAINING_MODULE = "stratoflow.training.worker"
+SERVER_MODULE = "stratoflow.distributed.server"
 ECHO_MODULE = "tests.tasks.echo_program"
 CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE)
 
@@ -179,11 +181,10 @@ def run_dag(mlflow_client: Any, pipeline: str, conf: dict[str, Any]) -> Any:
     """Run `pipeline` once through Airflow (`make run`'s runner) and return the MLflow run it
     made: the one run of the pipeline's experiment that was not there before, whatever ran
     earlier in the session."""
-    from pipelines import runner
-    from tasks import tracking
+    from stratoflow.cli import runner
 
     def runs() -> dict[str, Any]:
-        experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name(pipeline))
+        experiment = mlflow_client.get_experiment_by_name(names.experiment_name(pipeline))
         if experiment is None:
             return {}
         return {r.info.run_id: r for r in mlflow_client.search_runs([experiment.experiment_id])}

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from pipelines import assets, runner
-from pipelines.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
-from pipelines.params import dag_params
-from pipelines.spec import list_pipelines, load_spec
+from stratoflow.config import assets, names, settings
+from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.params import dag_params
+from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.services import airflow_setup
 
 TASK_IDS = ["prepare_dataset", "train_model", "evaluate_model", "log_and_register"]
 HEAVY_MODULES = ["tensorflow", "mlflow", "tensorflow_datasets", "keras"]
@@ -95,8 +96,8 @@ def parsed(session_home: Path) -> dict[str, Any]:
     """What a fresh Airflow process sees when it parses `dags/`."""
     home = Path(tempfile.mkdtemp(prefix="airflow-dagbag-", dir=session_home))
     result = subprocess.run(
-        [sys.executable, "-c", _PARSE_SCRIPT, str(runner.DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=runner.airflow_env(home),
+        [sys.executable, "-c", _PARSE_SCRIPT, str(settings.DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=airflow_setup.airflow_env(home),
         capture_output=True,
         text=True,
         timeout=300,
@@ -125,9 +126,9 @@ def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
     # The runner and the assets module find the DAGs by the same naming rules.
     retrain = sorted(d for d in parsed["dags"] if d.startswith("retrain_"))
     benchmark = sorted(d for d in parsed["dags"] if d.startswith("benchmark_strategies_"))
-    assert sorted(runner.dag_id_for(name) for name in list_pipelines()) == retrain
-    assert sorted(runner.benchmark_dag_id_for(name) for name in list_pipelines()) == benchmark
-    assert sorted(assets.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
+    assert sorted(names.retrain_dag_id(name) for name in list_pipelines()) == retrain
+    assert sorted(names.benchmark_dag_id(name) for name in list_pipelines()) == benchmark
+    assert sorted(names.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
         set(parsed["dags"]) - set(retrain) - set(benchmark)
     )
 
@@ -161,7 +162,7 @@ def test_schedule_and_run_settings_come_from_the_spec(
     assert dag["timetable"] == "AssetOrTimeSchedule"
     assert dag["cron"] == spec.schedule
     assert dag["cron_timezone"] == "UTC"
-    assert dag["asset_uris"] == [assets.asset_uri(spec.dataset.name)]
+    assert dag["asset_uris"] == [names.asset_uri(spec.dataset.name)]
     assert dag["catchup"] is False
     assert dag["max_active_runs"] == 1
     assert dag["start_date"] is not None
@@ -215,7 +216,7 @@ def test_params_offer_every_training_setting_with_choices(
     assert params["ps"]["schema"]["enum"] == list(PS_CHOICES)
     assert params["epochs"]["schema"]["minimum"] == 1
     assert params["promote"]["schema"]["type"] == "boolean"
-    # What the DAG carries is exactly what `pipelines.params` declares.
+    # What the DAG carries is exactly what `stratoflow.config.params` declares.
     expected = dag_params(spec)
     for key, param in params.items():
         declared = {k: v for k, v in expected[key].items() if k not in ("default", "description")}
@@ -315,7 +316,7 @@ def test_benchmark_maps_one_training_per_strategy_then_compares_whatever_finishe
 
 @pytest.mark.parametrize("pipeline", ["mnist", "digits"])
 def test_benchmark_params_are_validated_choices(parsed: dict[str, Any], pipeline: str) -> None:
-    from pipelines.params import benchmark_params
+    from stratoflow.config.params import benchmark_params
 
     params = parsed["dags"][f"benchmark_strategies_{pipeline}"]["params"]
     assert list(params) == ["epochs", "seed", "strategies", "tolerance"]
@@ -334,7 +335,7 @@ def test_benchmark_params_are_validated_choices(parsed: dict[str, Any], pipeline
 def test_refresh_dag_emits_the_asset_its_readers_are_scheduled_on(
     parsed: dict[str, Any], dataset: str
 ) -> None:
-    dag = parsed["dags"][assets.refresh_dag_id(dataset)]
+    dag = parsed["dags"][names.refresh_dag_id(dataset)]
     assert dag["timetable"] == "NullTimetable"  # triggered by whoever has new data
     assert dag["task_order"] == ["refresh"]
     assert dag["outlets"] == {"refresh": [f"x-tfds://{dataset}"]}
@@ -342,7 +343,7 @@ def test_refresh_dag_emits_the_asset_its_readers_are_scheduled_on(
     readers = [
         dag_id
         for dag_id, other in parsed["dags"].items()
-        if assets.asset_uri(dataset) in other["asset_uris"]
+        if names.asset_uri(dataset) in other["asset_uris"]
     ]
-    assert readers == [runner.dag_id_for(p) for p in assets.pipelines_reading(dataset)]
+    assert readers == [names.retrain_dag_id(p) for p in assets.pipelines_reading(dataset)]
     assert readers  # each shipped dataset feeds a pipeline

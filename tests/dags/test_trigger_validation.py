@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from pipelines import runner
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
-from pipelines.params import dag_params
-from pipelines.spec import load_spec
+from stratoflow.config import settings
+from stratoflow.config.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from stratoflow.config.params import dag_params
+from stratoflow.config.spec import load_spec
+from stratoflow.services import airflow_setup
 
 DAG_ID = "retrain_mnist"
 
@@ -35,7 +36,7 @@ class AirflowHome:
 
     def airflow(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            runner.airflow_command(*args),
+            airflow_setup.airflow_command(*args),
             env=self.env,
             capture_output=True,
             text=True,
@@ -55,8 +56,8 @@ class AirflowHome:
 def airflow_home(session_home: Path) -> AirflowHome:
     """A migrated Airflow home whose metadata DB holds this repo's serialized DAGs."""
     home = Path(tempfile.mkdtemp(prefix="airflow-trigger-", dir=session_home))
-    env = runner.airflow_env(home)
-    runner.ensure_airflow_db(home, env)
+    env = airflow_setup.airflow_env(home)
+    airflow_setup.ensure_airflow_db(home, env)
     prepared = AirflowHome(home, env)
     result = prepared.airflow("dags", "reserialize")
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -70,7 +71,8 @@ def airflow_home(session_home: Path) -> AirflowHome:
         ({"replicas": 3}, "replicas", [str(n) for n in REPLICA_CHOICES]),
         ({"loop": "x"}, "loop", [repr(name) for name in LOOPS]),
         ({"epochs": 0}, "epochs", ["0 is less than the minimum of 1"]),
-        # NaN passes every bound: the schema refuses it by a `not` (pipelines.params.NOT_FINITE).
+        # NaN passes every bound: the schema refuses it by a `not`
+        # (stratoflow.config.params.NOT_FINITE).
         ({"learning_rate": float("nan")}, "learning_rate", ["nan", "NaN, Infinity or -Infinity"]),
     ],
     ids=["strategy", "replicas", "loop", "epochs", "learning_rate=NaN"],
@@ -165,7 +167,7 @@ def verdicts(airflow_home: AirflowHome) -> list[dict[str, Any]]:
             sys.executable,
             "-c",
             _VALIDATE_SCRIPT,
-            str(runner.DAGS_FOLDER),
+            str(settings.DAGS_FOLDER),
             DAG_ID,
             json.dumps(confs),
         ],

@@ -344,8 +344,8 @@ def test_start_order(services: dict[str, Any]) -> None:
 
 
 def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> None:
-    from pipelines.cli import _parser
-    from pipelines.spec import parse_cluster
+    from stratoflow.cli.main import _parser
+    from stratoflow.config.spec import parse_cluster
 
     airflow_clusters = {env_of(services[name])["STRATOFLOW_CLUSTER"] for name in AIRFLOW_SERVICES}
     assert len(airflow_clusters) == 1, (
@@ -449,9 +449,9 @@ LOCAL_ONLY_AIRFLOW_ENV = {
 
 
 def test_compose_and_the_local_stack_give_airflow_the_same_settings() -> None:
-    # `make services` (pipelines/services/) is the topology the tests run for real; the
+    # `make services` (stratoflow/services/) is the topology the tests run for real; the
     # compose file must not drift from it.
-    from pipelines.services import config as stack_config
+    from stratoflow.services import config as stack_config
 
     for component in stack_config.AIRFLOW_COMPONENTS:
         local = set(stack_config.environment_names(component)) - LOCAL_ONLY_AIRFLOW_ENV

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.services.errors import ServiceError
-from pipelines.services.postgres import postgres_bin
+from stratoflow.services.errors import ServiceError
+from stratoflow.services.postgres import postgres_bin
 from tests.deploy.test_compose import (
     AIRFLOW_INIT,
     API_SERVER,

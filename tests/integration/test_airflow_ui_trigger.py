@@ -1,6 +1,6 @@
 """Manual triggers from the Airflow UI, in headless Chromium, against the real services stack.
 
-A user signs in to the api-server of a services stack (`pipelines.services`), opens the trigger
+A user signs in to the api-server of a services stack (`stratoflow.services`), opens the trigger
 form of a DAG and presses Trigger. Every Param's default must make a valid form (Trigger enabled,
 no error on "Run Parameters"), for every retrain and benchmark DAG. For every retrain DAG, two
 runs are triggered through the form, one with the defaults and one with another strategy picked
@@ -25,10 +25,10 @@ from urllib.parse import unquote
 
 import pytest
 
-from pipelines.params import dag_params
-from pipelines.runner import benchmark_dag_id_for, dag_id_for
-from pipelines.services.config import ADMIN_USER
-from pipelines.spec import list_pipelines, load_spec
+from stratoflow.config import names
+from stratoflow.config.params import dag_params
+from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.services.config import ADMIN_USER
 from tests.integration import test_services_stack as services_tests
 from tests.integration.test_mlflow_ui_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.integration.test_services_stack import LiveStack, _unpause_and_cancel_the_missed_slot
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 live = services_tests.live
 
 PIPELINES = list_pipelines()
-RETRAIN_DAGS = [dag_id_for(pipeline) for pipeline in PIPELINES]
-BENCHMARK_DAGS = [benchmark_dag_id_for(pipeline) for pipeline in PIPELINES]
+RETRAIN_DAGS = [names.retrain_dag_id(pipeline) for pipeline in PIPELINES]
+BENCHMARK_DAGS = [names.benchmark_dag_id(pipeline) for pipeline in PIPELINES]
 OTHER_STRATEGY = "mirrored"  # picked from the dropdown for the second run
 PAGE_TIMEOUT_MS = 120_000  # the UI's first load on a busy 2-core machine
 RUN_TIMEOUT_S = 900
@@ -179,7 +179,7 @@ def _trigger_from_the_form(ui: Ui, dag_id: str, strategy: str, default: str) -> 
 def test_runs_triggered_from_the_form_succeed_under_the_chosen_strategy(
     ui_runs: UiRuns, live: LiveStack, pipeline: str
 ) -> None:
-    dag_id = dag_id_for(pipeline)
+    dag_id = names.retrain_dag_id(pipeline)
     spec = load_spec(pipeline)
     defaults = {key: kwargs["default"] for key, kwargs in dag_params(spec).items()}
     mlflow = live.mlflow()

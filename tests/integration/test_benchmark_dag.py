@@ -10,7 +10,9 @@ import sqlite3
 
 import pytest
 
-from pipelines import runner, settings
+from stratoflow.cli import runner
+from stratoflow.config import names, settings
+from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 
 pytestmark = pytest.mark.integration
@@ -28,15 +30,14 @@ def mlflow_client(tmp_path_factory):
 @pytest.fixture(scope="module")
 def benchmark(mlflow_client):
     """Run the benchmark once; return its exit code, what it printed, its parent and children."""
-    from tasks import benchmark_steps, tracking
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = runner.run_benchmark("digits", {"epochs": 2, "strategies": STRATEGIES})
-    experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name("digits"))
+    experiment = mlflow_client.get_experiment_by_name(names.experiment_name("digits"))
     (parent,) = mlflow_client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`{benchmark_steps.KIND_TAG}` = '{benchmark_steps.PARENT_KIND}'",
+        filter_string=f"tags.`{names.KIND_TAG}` = '{names.BENCHMARK_PARENT_KIND}'",
     )
     children = mlflow_client.search_runs(
         [experiment.experiment_id],
@@ -114,7 +115,7 @@ def test_the_comparison_artifact_lists_every_strategy(benchmark, mlflow_client):
 def test_a_failed_strategy_does_not_fail_the_dag_run(benchmark):
     _, _, parent, _ = benchmark
     dag_id, run_id = "benchmark_strategies_digits", parent.data.tags["airflow.run_id"]
-    db = runner.airflow_home() / "airflow.db"
+    db = airflow_setup.airflow_home() / "airflow.db"
     with contextlib.closing(sqlite3.connect(db)) as connection:
         states = dict(
             connection.execute(

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli, settings
+from stratoflow.cli import main
+from stratoflow.config import names, settings
 from tests.images import colour_pixels, png_size
 
 pytestmark = pytest.mark.integration
@@ -107,7 +108,8 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_runs(mlflow_server, tf_runtime) -> dict[str, dict[str, str]]:
     """strategy → {run_id, run_name, experiment_id} of two 2-epoch digits runs, evaluated."""
-    from tasks import steps, tracking
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
     from tasks.steps import AirflowRun
 
     runs = {}
@@ -117,8 +119,8 @@ def two_runs(mlflow_server, tf_runtime) -> dict[str, dict[str, str]]:
         dataset = steps.prepare("digits", params, run)
         trained = steps.train("digits", params, run, dataset)
         steps.evaluate("digits", params, run, dataset, trained)
-        tracking.finish_run(trained["mlflow_run_id"])
-        mlflow_run = tracking.client().get_run(trained["mlflow_run_id"])
+        mlflow_runs.finish_run(trained["mlflow_run_id"])
+        mlflow_run = mlflow_runs.client().get_run(trained["mlflow_run_id"])
         runs[strategy] = {
             "run_id": mlflow_run.info.run_id,
             "run_name": mlflow_run.info.run_name,
@@ -128,12 +130,12 @@ def two_runs(mlflow_server, tf_runtime) -> dict[str, dict[str, str]]:
 
 
 def test_environment_json_names_each_runs_strategy_and_replicas(two_runs, tmp_path):
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     for strategy, replicas in zip(STRATEGIES, (1, 2), strict=True):
         path = mlflow_client.download_artifacts(
-            two_runs[strategy]["run_id"], tracking.ENVIRONMENT_ARTIFACT, str(tmp_path / strategy)
+            two_runs[strategy]["run_id"], names.ENVIRONMENT_ARTIFACT, str(tmp_path / strategy)
         )
         environment = json.loads(Path(path).read_text())
         assert (environment["strategy"], environment["num_replicas"]) == (strategy, replicas)
@@ -146,7 +148,7 @@ def test_compare_plots_a_line_per_run_and_prints_the_ui_compare_link(
     ids = [two_runs[strategy]["run_id"] for strategy in STRATEGIES]
     plot = tmp_path / "compare.png"
     assert (
-        cli.main(["compare", "digits", "--run", ids[0], "--run", ids[1], "--plot", str(plot)]) == 0
+        main.main(["compare", "digits", "--run", ids[0], "--run", ids[1], "--plot", str(plot)]) == 0
     )
 
     printed = capsys.readouterr().out
@@ -170,15 +172,15 @@ def test_the_mlflow_ui_compares_both_runs_their_strategies_and_figures(
         )
     from playwright.sync_api import sync_playwright
 
-    from tasks import reporting, tracking
+    from stratoflow.tracking import mlflow_runs, reports
 
     runs = [two_runs[strategy] for strategy in STRATEGIES]
-    url = reporting.compare_url([r["run_id"] for r in runs], [r["experiment_id"] for r in runs])
-    figures = (tracking.CURVES_ARTIFACT, tracking.CONFUSION_MATRIX_ARTIFACT)
+    url = reports.compare_url([r["run_id"] for r in runs], [r["experiment_id"] for r in runs])
+    figures = (names.CURVES_ARTIFACT, names.CONFUSION_MATRIX_ARTIFACT)
     widths = {
         name: png_size(
             Path(
-                tracking.client().download_artifacts(runs[0]["run_id"], name, str(tmp_path))
+                mlflow_runs.client().download_artifacts(runs[0]["run_id"], name, str(tmp_path))
             ).read_bytes()
         )[0]
         for name in figures

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli, runner, settings
+from stratoflow.cli import main, runner
+from stratoflow.config import names, settings
+from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -41,15 +43,14 @@ def fresh_tracking_store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mlflow_client(fresh_tracking_store):
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
-    return tracking.client()
+    return mlflow_runs.client()
 
 
 def mlflow_runs(mlflow_client, pipeline: str):
-    from tasks import tracking
 
-    experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name(pipeline))
+    experiment = mlflow_client.get_experiment_by_name(names.experiment_name(pipeline))
     return mlflow_client.search_runs(
         [experiment.experiment_id], order_by=["attributes.start_time ASC"]
     )
@@ -81,7 +82,7 @@ def capsys_module():
 def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
     default_mnist_run, mlflow_client
 ):
-    from tasks import registry
+    from stratoflow.tracking import model_registry
 
     code, printed = default_mnist_run
     assert code == 0
@@ -96,7 +97,7 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
         assert metric_steps(mlflow_client, run.info.run_id, key) == list(range(1, 9)), key
     assert run.data.metrics["test_accuracy"] >= 0.95
     assert run.data.params["training.epochs"] == "8"
-    assert registry.alias_targets(mlflow_client, "stratoflow-mnist") == {
+    assert model_registry.alias_targets(mlflow_client, "stratoflow-mnist") == {
         "champion": "1",
         "challenger": "1",
     }
@@ -106,7 +107,7 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
 
 
 def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlflow_client):
-    from tasks import registry
+    from stratoflow.tracking import model_registry
 
     assert default_mnist_run[0] == 0
     conf = {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1e-5}
@@ -116,22 +117,22 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
     assert latest.data.tags["num_replicas"] == "2"
     assert latest.data.tags["gate.passed"] == "False"
     assert metric_steps(mlflow_client, latest.info.run_id, "loss") == [1]
-    assert registry.alias_targets(mlflow_client, "stratoflow-mnist") == {
+    assert model_registry.alias_targets(mlflow_client, "stratoflow-mnist") == {
         "champion": "1",
         "challenger": "2",
     }
 
 
 def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflow_client, capsys):
-    assert cli.main(["compare", "mnist", "--json"]) == 0
+    assert main.main(["compare", "mnist", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [row["strategy"] for row in rows] == ["mirrored", "one_device"]  # newest first
     assert [row["champion"] for row in rows] == [False, True]
     assert rows[1]["test_accuracy"] >= 0.95
     assert all(row["examples_per_second"] > 0 and row["duration_s"] > 0 for row in rows)
-    assert cli.main(["compare", "mnist"]) == 0
+    assert main.main(["compare", "mnist"]) == 0
     table = capsys.readouterr().out
-    assert "mirrored" in table and cli.CHAMPION_MARKER in table
+    assert "mirrored" in table and main.CHAMPION_MARKER in table
 
 
 def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
@@ -152,14 +153,14 @@ def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
 
 
 def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflow_client, capsys):
-    from tasks import registry
+    from stratoflow.tracking import model_registry
 
     assert runner.run_pipeline("digits", {"promote": False}) == 0
     (run,) = [r for r in mlflow_runs(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
     assert run.data.params["training.promote"] == "False"
     assert run.data.tags["gate.passed"] == "True"
     assert run.data.tags["stratoflow.registered_version"] == "1"
-    assert registry.alias_targets(mlflow_client, "stratoflow-digits") == {"challenger": "1"}
+    assert model_registry.alias_targets(mlflow_client, "stratoflow-digits") == {"challenger": "1"}
     assert "version 1 (aliases: challenger)" in capsys.readouterr().out
 
 
@@ -167,9 +168,9 @@ def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflo
 def store_refusing_to_finish_registered_runs(tmp_path_factory):
     """A fresh SQLite MLflow store that fails, for real, the first write after registering: a
     trigger aborts marking FINISHED a run that carries `stratoflow.registered_version` (set by
-    `tasks.registry.register` as its last write), so `log_and_register` fails in
-    `tracking.finish_run`, on both tries, with its version registered. Marking it FAILED works."""
-    from tasks import tracking
+    `stratoflow.tracking.model_registry.register` as its last write), so `log_and_register` fails in
+    `mlflow_runs.finish_run`, on both tries, with its version registered. Marking it FAILED
+    works."""
 
     for mlflow_client in fresh_mlflow_client(tmp_path_factory, "mlflow-refusing"):
         mlflow_client.search_experiments()  # creates the schema
@@ -178,7 +179,7 @@ def store_refusing_to_finish_registered_runs(tmp_path_factory):
             connection.execute(
                 f"""CREATE TRIGGER refuse_to_finish BEFORE UPDATE OF status ON runs
                 WHEN NEW.status = 'FINISHED' AND EXISTS (SELECT 1 FROM tags
-                    WHERE tags.run_uuid = NEW.run_uuid AND tags.key = '{tracking.VERSION_TAG}')
+                    WHERE tags.run_uuid = NEW.run_uuid AND tags.key = '{names.VERSION_TAG}')
                 BEGIN SELECT RAISE(ABORT, 'the store refuses to finish this run'); END"""
             )
         yield mlflow_client
@@ -187,7 +188,7 @@ def store_refusing_to_finish_registered_runs(tmp_path_factory):
 def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
     store_refusing_to_finish_registered_runs,
 ):
-    from tasks import registry
+    from stratoflow.tracking import model_registry
 
     mlflow_client = store_refusing_to_finish_registered_runs
     assert runner.run_pipeline("digits", {}) == 1
@@ -198,7 +199,7 @@ def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
     assert run.data.tags["gate.passed"] == "True"
     # ... and the failure callback deleted the version, and with it both aliases.
     assert list(mlflow_client.search_model_versions("name = 'stratoflow-digits'")) == []
-    assert registry.alias_targets(mlflow_client, "stratoflow-digits") == {}
+    assert model_registry.alias_targets(mlflow_client, "stratoflow-digits") == {}
     assert not settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"]).exists()
 
 
@@ -251,8 +252,9 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     import mlflow.keras
     import numpy as np
 
-    from pipelines.spec import load_spec
-    from tasks import datasets, tracking
+    from stratoflow.config.spec import load_spec
+    from stratoflow.data import datasets
+    from stratoflow.tracking import mlflow_runs
 
     assert default_mnist_run[0] == 0
     run = mlflow_runs(mlflow_client, "mnist")[0]
@@ -292,7 +294,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     metrics_text = readme_bullet(section, "metrics per epoch")
     per_epoch, once = metrics_text.split("Once per run")
     per_epoch_names = [name for name in backticked(per_epoch) if name != "step"]
-    assert tuple(per_epoch_names) == tracking.EPOCH_METRICS
+    assert tuple(per_epoch_names) == names.EPOCH_METRICS
     for name in per_epoch_names:
         assert metric_steps(mlflow_client, run.info.run_id, name) == list(range(1, 9)), name
     once_names = [name for name in backticked(once) if not name.isupper()]
@@ -355,9 +357,9 @@ class DagTest:
 
 def dags_test(dag_id: str, conf: dict[str, Any], run_id: str) -> DagTest:
     """`airflow dags test DAG_ID -c CONF` for run `run_id`: its output, duration and tries."""
-    home = runner.airflow_home()
-    env = runner.airflow_env(home)
-    runner.ensure_airflow_db(home, env)
+    home = airflow_setup.airflow_home()
+    env = airflow_setup.airflow_env(home)
+    airflow_setup.ensure_airflow_db(home, env)
     command = [sys.executable, "-c", _DAGS_TEST_WITH_RUN_ID, run_id, "dags", "test", dag_id]
     started = time.monotonic()
     result = subprocess.run(
@@ -387,9 +389,8 @@ def dags_test(dag_id: str, conf: dict[str, Any], run_id: str) -> DagTest:
 
 
 def runs_of_dag_run(mlflow_client, pipeline: str, run_id: str) -> list[Any]:
-    from tasks import tracking
 
-    experiment = mlflow_client.get_experiment_by_name(tracking.experiment_name(pipeline))
+    experiment = mlflow_client.get_experiment_by_name(names.experiment_name(pipeline))
     if experiment is None:
         return []
     return [

@@ -17,11 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pipelines.services.config import COMPONENTS
+from stratoflow.services.config import COMPONENTS
 
 pytestmark = pytest.mark.integration
 
-STRATOFLOW = [sys.executable, "-m", "pipelines.cli"]
+STRATOFLOW = [sys.executable, "-m", "stratoflow.cli.main"]
 TIMEOUT_S = 600
 
 

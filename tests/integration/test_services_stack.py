@@ -1,5 +1,5 @@
 """The deployment topology for real: PostgreSQL, an MLflow server, Airflow's api-server, scheduler,
-dag-processor and triggerer as separate processes (`pipelines.services`), used over HTTP as a
+dag-processor and triggerer as separate processes (`stratoflow.services`), used over HTTP as a
 user would, with a token.
 
 One stack serves the whole module. Two DAG runs go on at the same time (the stack has a
@@ -29,12 +29,11 @@ import httpx
 import psutil
 import pytest
 
-from pipelines import assets, settings
-from pipelines.airflow_api import AirflowApi, AirflowApiError
-from pipelines.services import Stack, StartReport, wait_for_dags
-from pipelines.services.config import ADMIN_USER, HOST, MLFLOW, SCHEDULER
-from pipelines.services.processes import group_members
-from tasks.tracking import VERSION_TAG
+from stratoflow.config import names, settings
+from stratoflow.services import Stack, StartReport, wait_for_dags
+from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
+from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, SCHEDULER
+from stratoflow.services.processes import group_members
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherw
 
 MNIST = "retrain_mnist"
 DIGITS = "retrain_digits"
-REFRESH_DIGITS = assets.refresh_dag_id("stratoflow_digits")
+REFRESH_DIGITS = names.refresh_dag_id("stratoflow_digits")
 MNIST_CONF = {"strategy": "mirrored", "replicas": 2, "epochs": 2}
 RUN_TIMEOUT_S = 900
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
@@ -262,10 +261,10 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
         time.sleep(0.02)
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "tasks.training_worker" not in cmdline:
+        if "stratoflow.training.worker" not in cmdline:
             continue
         try:
-            payload_path = Path(cmdline[cmdline.index("tasks.training_worker") + 1])
+            payload_path = Path(cmdline[cmdline.index("stratoflow.training.worker") + 1])
             payload = json.loads(payload_path.read_text())
         except (OSError, ValueError, IndexError):
             continue
@@ -308,7 +307,7 @@ def test_rest_triggered_mnist_run_tracks_every_epoch_and_registers_a_version(
     for key in EPOCH_METRICS:
         steps = [m.step for m in mlflow.get_metric_history(mlflow_run.info.run_id, key)]
         assert sorted(steps) == [1, 2], key
-    version = mlflow_run.data.tags[VERSION_TAG]
+    version = mlflow_run.data.tags[names.VERSION_TAG]
     registered = mlflow.get_model_version("stratoflow-mnist", version)
     assert registered.run_id == mlflow_run.info.run_id
     assert "challenger" in registered.aliases
@@ -349,7 +348,7 @@ def test_a_refresh_emits_the_dataset_asset_and_the_scheduler_starts_the_retrain(
         "GET", f"/api/v2/dags/{DIGITS}/dagRuns/{live_runs.digits_run_id}/upstreamAssetEvents"
     )["asset_events"]
     (event,) = events
-    assert event["uri"] == assets.asset_uri("stratoflow_digits")
+    assert event["uri"] == names.asset_uri("stratoflow_digits")
     assert event["source_dag_id"] == REFRESH_DIGITS
     assert event["source_run_id"] == live_runs.refresh_run_id
     assert event["extra"]["dataset"] == "stratoflow_digits"

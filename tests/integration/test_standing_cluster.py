@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import settings
-from tasks import cluster
-from tasks.launcher import READY_MARKER
+from stratoflow.config import names, settings
+from stratoflow.distributed import cluster
+from stratoflow.distributed.launcher import READY_MARKER
 from tasks.steps import AirflowRun
 from tests.conftest import fresh_mlflow_client
 from tests.processes import (
@@ -86,9 +86,8 @@ def assert_ran_on(
     layout: cluster.ClusterLayout, mlflow_client, run_id: str, watcher: ChildWatcher
 ) -> None:
     """The run recorded the standing servers as its cluster and started only a coordinator."""
-    from tasks import tracking
 
-    environment = mlflow_client.download_artifacts(run_id, tracking.ENVIRONMENT_ARTIFACT)
+    environment = mlflow_client.download_artifacts(run_id, names.ENVIRONMENT_ARTIFACT)
     recorded = json.loads(Path(environment).read_text())["cluster"]
     jobs = recorded["jobs"]
     assert {job: jobs[job] for job in ("worker", "ps")} == layout.jobs

@@ -27,7 +27,9 @@ from typing import Any
 import psutil
 import pytest
 
-from pipelines import runner, settings
+from stratoflow.cli import runner
+from stratoflow.config import settings
+from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 
 pytestmark = pytest.mark.integration
@@ -48,8 +50,8 @@ def mlflow_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def airflow_db(mlflow_client: Any) -> Path:
     """The runner's Airflow home, migrated once for the module (not inside a timed run)."""
-    home = runner.airflow_home()
-    runner.ensure_airflow_db(home)
+    home = airflow_setup.airflow_home()
+    airflow_setup.ensure_airflow_db(home)
     return home / "airflow.db"
 
 
@@ -83,7 +85,7 @@ def start_training(mlflow_client: Any) -> Training:
     env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
     earlier = {run.info.run_id for run in mlflow_runs(mlflow_client)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *RUN],
+        [sys.executable, "-m", "stratoflow.cli.main", *RUN],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -109,7 +111,7 @@ def start_training(mlflow_client: Any) -> Training:
     _started.extend(training.tree)
     commands = [" ".join(child.cmdline()) for child in training.tree]
     assert sum("airflow dags test" in command for command in commands) == 1, commands
-    assert sum("tasks.training_worker" in command for command in commands) == 2, commands
+    assert sum("stratoflow.training.worker" in command for command in commands) == 2, commands
     (training.mlflow_run,) = [r for r in mlflow_runs(mlflow_client) if r.info.run_id not in earlier]
     assert training.mlflow_run.info.status == "RUNNING"
     return training

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli, runner
-from pipelines.options import STRATEGIES
-from pipelines.params import benchmark_params, dag_params
-from pipelines.spec import SpecError, load_spec
-from tasks.benchmark import RULE, recommend
+from stratoflow.cli import main, runner
+from stratoflow.config.options import STRATEGIES
+from stratoflow.config.params import benchmark_params, dag_params
+from stratoflow.config.spec import SpecError, load_spec
+from stratoflow.training.strategy_benchmark import RULE, recommend
 
 
 def _must_not_run(*args: Any, **kwargs: Any) -> int:
@@ -24,7 +24,7 @@ def test_flags_and_conf_reach_the_benchmark_runner(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(runner, "run_benchmark", lambda p, conf: calls.append((p, conf)) or 0)
 
     argv = ["benchmark", "digits", "--epochs", "2", "--strategies", "one_device, mirrored"]
-    assert cli.main([*argv, "--conf", '{"seed": 7, "epochs": 5}']) == 0
+    assert main.main([*argv, "--conf", '{"seed": 7, "epochs": 5}']) == 0
 
     assert calls == [("digits", {"seed": 7, "epochs": 2, "strategies": ["one_device", "mirrored"]})]
 
@@ -34,7 +34,7 @@ def test_an_unknown_strategy_is_a_usage_error_listing_the_allowed_ones(
 ) -> None:
     monkeypatch.setattr(runner, "run_benchmark", _must_not_run)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["benchmark", "mnist", "--strategies", "mirrored,warp"])
+        main.main(["benchmark", "mnist", "--strategies", "mirrored,warp"])
 
     assert exit_info.value.code == 2
     error = capsys.readouterr().err

@@ -15,14 +15,16 @@ from typing import Any
 
 import pytest
 
-from pipelines import cli, runner, settings
-from pipelines.options import STRATEGIES
-from pipelines.spec import SpecError
+from stratoflow.cli import main, runner
+from stratoflow.config import settings
+from stratoflow.config.options import STRATEGIES
+from stratoflow.config.spec import SpecError
+from stratoflow.services import airflow_setup
 from tasks.steps import resolve_config
 
 
 def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["list"]) == 0
+    assert main.main(["list"]) == 0
 
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["pipeline", "dataset", "model", "schedule", "registered_model"]
@@ -39,7 +41,7 @@ def test_unknown_pipeline_is_a_usage_error_listing_the_pipelines(
     capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        cli.main([command, "nope"])
+        main.main([command, "nope"])
 
     assert exit_info.value.code == 2
     assert "unknown pipeline 'nope'; available: digits, mnist" in capsys.readouterr().err
@@ -50,7 +52,7 @@ def test_bad_strategy_is_refused_by_argparse(
 ) -> None:
     monkeypatch.setattr(runner, "run_pipeline", _must_not_run)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["run", "mnist", "--strategy", "bogus"])
+        main.main(["run", "mnist", "--strategy", "bogus"])
 
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
@@ -77,14 +79,14 @@ def test_bad_run_arguments_are_usage_errors(
 ) -> None:
     monkeypatch.setattr(runner, "run_pipeline", _must_not_run)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["run", "mnist", *argv])
+        main.main(["run", "mnist", *argv])
 
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_flags_override_the_conf_json() -> None:
-    conf = cli.build_conf(
+    conf = main.build_conf(
         '{"epochs": 9, "seed": 7, "strategy": "auto"}',
         {"strategy": "mirrored", "replicas": 4, "loop": None, "promote": False},
     )
@@ -96,20 +98,20 @@ def test_flags_override_the_conf_json() -> None:
 )
 def test_a_bad_conf_json_is_refused(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        cli.build_conf(text, {})
+        main.build_conf(text, {})
 
 
 def test_compare_run_ids_are_checked_before_mlflow_is_asked(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit):
-        cli.main(["compare", "mnist", "--run", "x' OR '1'='1"])
+        main.main(["compare", "mnist", "--run", "x' OR '1'='1"])
     assert "argument --run: not an MLflow run id" in capsys.readouterr().err
 
 
 def test_compare_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.main(["compare", "mnist", "--limit", "0"])
+        main.main(["compare", "mnist", "--limit", "0"])
     assert "expected a positive integer" in capsys.readouterr().err
 
 
@@ -117,7 +119,7 @@ def test_compare_limit_must_be_positive(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_airflow_env_points_airflow_and_the_stores_at_explicit_places(tmp_path: Path) -> None:
-    env = runner.airflow_env(tmp_path / "af", base={"PATH": "/bin", "PYTHONPATH": "/x"})
+    env = airflow_setup.airflow_env(tmp_path / "af", base={"PATH": "/bin", "PYTHONPATH": "/x"})
 
     assert env["PATH"] == "/bin"
     assert env["AIRFLOW_HOME"] == str(tmp_path / "af")
@@ -132,7 +134,7 @@ def test_airflow_env_points_airflow_and_the_stores_at_explicit_places(tmp_path: 
 
 
 def test_the_runner_home_is_inside_the_state_dir() -> None:
-    assert runner.airflow_home() == settings.state_dir() / "airflow"
+    assert airflow_setup.airflow_home() == settings.state_dir() / "airflow"
 
 
 @pytest.mark.parametrize(
@@ -224,5 +226,5 @@ def _must_not_run(*args: Any, **kwargs: Any) -> Any:
 def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert cli.main(["compare", "digits", "--run", "0" * 32]) == 1
+    assert main.main(["compare", "digits", "--run", "0" * 32]) == 1
     assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import assets, services, settings
-from pipelines.services import config as stack_config
-from pipelines.services import postgres
-from pipelines.services.config import (
+from stratoflow import services
+from stratoflow.config import assets, names, settings
+from stratoflow.services import config as stack_config
+from stratoflow.services import postgres
+from stratoflow.services.config import (
     AIRFLOW_COMPONENTS,
     API_SERVER,
     COMPONENTS,
@@ -23,7 +24,7 @@ from pipelines.services.config import (
     POSTGRES,
     StackConfig,
 )
-from tasks import tracking
+from stratoflow.tracking import mlflow_runs
 
 
 @pytest.fixture
@@ -99,9 +100,9 @@ def test_postgres_server_programs_are_found() -> None:
 
 
 def test_dataset_assets_are_named_after_the_tfds_dataset() -> None:
-    assert assets.asset_uri("stratoflow_digits") == "x-tfds://stratoflow_digits"
+    assert names.asset_uri("stratoflow_digits") == "x-tfds://stratoflow_digits"
     assert assets.dataset_asset("stratoflow_digits").name == "stratoflow_digits"
-    assert assets.refresh_dag_id("stratoflow_digits") == "refresh_stratoflow_digits"
+    assert names.refresh_dag_id("stratoflow_digits") == "refresh_stratoflow_digits"
     assert sorted(assets.datasets_in_use()) == ["stratoflow_digits", "stratoflow_mnist5k"]
     assert assets.pipelines_reading("stratoflow_mnist5k") == ["mnist"]
 
@@ -130,7 +131,7 @@ def health_server() -> Iterator[str]:
 
 
 def test_a_tracking_server_that_answers_passes_the_check(health_server: str) -> None:
-    tracking.check_reachable(health_server)
+    mlflow_runs.check_reachable(health_server)
 
 
 def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
@@ -138,8 +139,8 @@ def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
         sock.bind(("127.0.0.1", 0))
         uri = f"http://127.0.0.1:{sock.getsockname()[1]}"
     started = time.monotonic()
-    with pytest.raises(tracking.TrackingUnavailableError) as error:
-        tracking.check_reachable(uri, attempts=2)
+    with pytest.raises(mlflow_runs.TrackingUnavailableError) as error:
+        mlflow_runs.check_reachable(uri, attempts=2)
     assert f"MLflow at {uri} is unreachable" in str(error.value)
     assert "MLFLOW_TRACKING_URI" in str(error.value)
     # Not a speed target: MLflow's own client would sit in its retry loop for minutes.
@@ -147,7 +148,7 @@ def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
 
 
 def test_local_stores_are_not_probed(tmp_path: Path) -> None:
-    tracking.check_reachable(f"sqlite:///{tmp_path / 'absent' / 'mlflow.db'}")
+    mlflow_runs.check_reachable(f"sqlite:///{tmp_path / 'absent' / 'mlflow.db'}")
 
 
 @pytest.mark.integration

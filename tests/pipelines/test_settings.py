@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import settings
+from stratoflow.config import settings
 
 DAG_ID = "retrain_digits"
 
@@ -159,7 +159,7 @@ def test_a_run_folder_that_resolves_elsewhere_is_refused_not_deleted(
     settings.run_dir(DAG_ID, "linked").symlink_to(sibling)
     settings.run_dir(DAG_ID, "escaping").symlink_to(outside)
 
-    with caplog.at_level(logging.ERROR, logger="pipelines.settings"):
+    with caplog.at_level(logging.ERROR, logger="stratoflow.config.settings"):
         assert not settings.remove_run_dir(DAG_ID, "linked")
         assert not settings.remove_run_dir(DAG_ID, "escaping")
 

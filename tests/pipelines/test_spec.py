@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pipelines.options import LOOPS, REPLICA_CHOICES, STRATEGIES
-from pipelines.params import dag_params
-from pipelines.spec import (
+from stratoflow.config.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from stratoflow.config.params import dag_params
+from stratoflow.config.spec import (
     SPECS_DIR,
     SpecError,
     TrainingConfig,

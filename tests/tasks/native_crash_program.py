@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-from tasks.strategies import configure_host_devices
+from stratoflow.training.strategies import configure_host_devices
 
 configure_host_devices(2)
 

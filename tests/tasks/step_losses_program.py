@@ -3,7 +3,7 @@
 `python -m tests.tasks.step_losses_program PAYLOAD RESULT`, started by the launcher as every
 member of a multi_worker_mirrored cluster (see tests/tasks/test_equivalence.py). A process can
 make a multi-worker strategy only once, so one launch covers every seed: the strategy is made
-once and handed to `tasks.training.train` for each run.
+once and handed to `stratoflow.training.trainer.train` for each run.
 
 Payload: `pipeline`, `dataset`, `record_steps` and `runs`, a list of `{"config", "run_dir"}`.
 Result: `{"runs": [...]}`, one `{"step_losses", "model_path", "num_replicas", "num_workers"}`
@@ -22,16 +22,20 @@ def main(payload_path: str, result_path: str) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)
     payload = json.loads(Path(payload_path).read_text())
 
-    from pipelines.spec import parse_spec
-    from tasks.strategies import configure_host_devices, make_strategy, required_logical_cpus
+    from stratoflow.config.spec import parse_spec
+    from stratoflow.training.strategies import (
+        configure_host_devices,
+        make_strategy,
+        required_logical_cpus,
+    )
 
     specs = [parse_spec(payload["pipeline"], run["config"]) for run in payload["runs"]]
     configure_host_devices(required_logical_cpus(specs[0].training))
     strategy = make_strategy(specs[0].training)  # before any other TensorFlow op
 
-    from tasks.datasets import DatasetRef
-    from tasks.launcher import READY_MARKER
-    from tasks.training import train
+    from stratoflow.data.datasets import DatasetRef
+    from stratoflow.distributed.launcher import READY_MARKER
+    from stratoflow.training.trainer import train
 
     sys.stdout.write(READY_MARKER + "\n")
     sys.stdout.flush()

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipelines.spec import load_spec, override_training
-from tasks.benchmark import (
+from stratoflow.config.spec import load_spec, override_training
+from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
     comparison_markdown,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.spec import SpecError
-from tasks import benchmark_steps
+from stratoflow.config.spec import SpecError
+from tasks import strategy_benchmark
 from tasks.steps import AirflowRun
 from tests.conftest import fresh_mlflow_client
 
@@ -31,18 +31,18 @@ def children_of(mlflow_client, parent_run_id):
 def test_when_nothing_succeeds_the_parent_fails_and_the_comparison_says_why(mlflow_client):
     import mlflow
 
-    from tasks.strategies import StrategyUnavailableError
+    from stratoflow.training.strategies import StrategyUnavailableError
 
     run = AirflowRun(DAG_ID, "manual__nothing")
     params = {"epochs": 1, "strategies": ["tpu"]}
-    planned = benchmark_steps.plan("digits", params, run)
+    planned = strategy_benchmark.plan("digits", params, run)
     (entry,) = planned
     assert entry["strategy"] == "tpu" and "no TPU" in entry["unavailable"]
 
     with pytest.raises(StrategyUnavailableError, match="strategy 'tpu' cannot run on this host"):
-        benchmark_steps.train_strategy("digits", params, run, entry)
+        strategy_benchmark.train_strategy("digits", params, run, entry)
     with pytest.raises(RuntimeError, match="no strategy succeeded: tpu: StrategyUnavailable"):
-        benchmark_steps.compare("digits", params, run, planned)
+        strategy_benchmark.compare("digits", params, run, planned)
 
     parent = mlflow_client.get_run(entry["parent_run_id"])
     assert parent.info.status == "FAILED"
@@ -59,26 +59,28 @@ def test_when_nothing_succeeds_the_parent_fails_and_the_comparison_says_why(mlfl
 def test_a_training_task_that_died_is_reported_failed_and_its_run_closed(mlflow_client):
     run = AirflowRun(DAG_ID, "manual__killed")
     params = {"epochs": 1, "strategies": ["one_device"]}
-    planned = benchmark_steps.plan("digits", params, run)
-    spec = benchmark_steps.benchmark_spec("digits", params)
+    planned = strategy_benchmark.plan("digits", params, run)
+    spec = strategy_benchmark.benchmark_spec("digits", params)
     # What a killed task leaves behind: a child run that never left RUNNING.
-    child_id = benchmark_steps._fresh_child_run(
+    child_id = strategy_benchmark._fresh_child_run(
         spec, run, planned[0]["parent_run_id"], planned[0]["dataset"]
     )
 
     with pytest.raises(RuntimeError, match="one_device: did not finish"):
-        benchmark_steps.compare("digits", params, run, planned)
+        strategy_benchmark.compare("digits", params, run, planned)
     assert mlflow_client.get_run(child_id).info.status == "FAILED"
 
 
 def test_a_rerun_strategy_replaces_its_child_run(mlflow_client):
     run = AirflowRun(DAG_ID, "manual__rerun")
     params = {"strategies": ["one_device"]}
-    (entry,) = benchmark_steps.plan("digits", params, run)
-    spec = benchmark_steps.benchmark_spec("digits", params)
+    (entry,) = strategy_benchmark.plan("digits", params, run)
+    spec = strategy_benchmark.benchmark_spec("digits", params)
 
-    first = benchmark_steps._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
-    second = benchmark_steps._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
+    first = strategy_benchmark._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
+    second = strategy_benchmark._fresh_child_run(
+        spec, run, entry["parent_run_id"], entry["dataset"]
+    )
 
     assert [c.info.run_id for c in children_of(mlflow_client, entry["parent_run_id"])] == [second]
     assert mlflow_client.get_run(first).info.lifecycle_stage == "deleted"
@@ -86,20 +88,20 @@ def test_a_rerun_strategy_replaces_its_child_run(mlflow_client):
 
 def test_without_a_plan_the_parent_is_marked_failed(mlflow_client):
     run = AirflowRun(DAG_ID, "manual__noplan")
-    (entry,) = benchmark_steps.plan("digits", {"strategies": ["one_device"]}, run)
+    (entry,) = strategy_benchmark.plan("digits", {"strategies": ["one_device"]}, run)
 
     with pytest.raises(RuntimeError, match="first task \\(plan_strategies\\) did not succeed"):
-        benchmark_steps.compare("digits", {}, run, None)
+        strategy_benchmark.compare("digits", {}, run, None)
     assert mlflow_client.get_run(entry["parent_run_id"]).info.status == "FAILED"
 
 
 def test_an_unknown_param_is_refused_before_any_run_exists(mlflow_client):
     with pytest.raises(SpecError, match="unknown key 'strategy'; allowed: epochs, seed"):
-        benchmark_steps.plan("digits", {"strategy": "mirrored"}, AirflowRun(DAG_ID, "manual__x"))
-    assert benchmark_steps.find_parent_run("digits", DAG_ID, "manual__x") is None
+        strategy_benchmark.plan("digits", {"strategy": "mirrored"}, AirflowRun(DAG_ID, "manual__x"))
+    assert strategy_benchmark.find_parent_run("digits", DAG_ID, "manual__x") is None
 
 
 @pytest.mark.parametrize("tolerance", [float("nan"), float("inf"), -0.5, "0.1"])
 def test_a_tolerance_that_is_not_a_finite_fraction_is_refused_naming_it(tolerance):
     with pytest.raises(SpecError, match=r"benchmark conf\.tolerance must be a finite number"):
-        benchmark_steps.benchmark_spec("digits", {"tolerance": tolerance})
+        strategy_benchmark.benchmark_spec("digits", {"tolerance": tolerance})

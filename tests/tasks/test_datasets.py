@@ -18,28 +18,28 @@ import time
 import numpy as np
 import pytest
 
-from pipelines.settings import PROJECT_ROOT
-from pipelines.spec import DatasetSpec, load_spec
+from stratoflow.config.settings import PROJECT_ROOT
+from stratoflow.config.spec import DatasetSpec, load_spec
 
 ROLES = ("train", "validation", "test")
 
 
 @pytest.fixture(scope="module")
 def mnist_ref(tf_runtime):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     return prepare_dataset(load_spec("mnist").dataset)
 
 
 @pytest.fixture(scope="module")
 def digits_ref(tf_runtime):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     return prepare_dataset(load_spec("digits").dataset)
 
 
 def _all_arrays(ref):
-    from tasks.datasets import load_arrays
+    from stratoflow.data.datasets import load_arrays
 
     return {role: load_arrays(ref, role) for role in ROLES}
 
@@ -94,7 +94,7 @@ def test_digits_holds_every_sklearn_digit_scaled_to_unit_range(digits_ref):
 
 
 def test_load_split_is_unbatched_deterministic_and_matches_load_arrays(digits_ref, tf_runtime):
-    from tasks.datasets import load_arrays, load_split
+    from stratoflow.data.datasets import load_arrays, load_split
 
     tf = tf_runtime
     dataset = load_split(digits_ref.to_dict(), "validation")  # a dict, as it comes from XCom
@@ -118,7 +118,7 @@ def test_load_split_is_unbatched_deterministic_and_matches_load_arrays(digits_re
 
 
 def test_ref_round_trips_through_json(mnist_ref):
-    from tasks.datasets import DatasetRef
+    from stratoflow.data.datasets import DatasetRef
 
     data = json.loads(json.dumps(mnist_ref.to_dict()))
     assert DatasetRef.from_dict(data) == mnist_ref
@@ -131,13 +131,13 @@ def test_ref_round_trips_through_json(mnist_ref):
 def test_rebuild_elsewhere_gives_same_fingerprint_and_built_flags(
     fixture_name, request, tmp_path, caplog
 ):
-    from tasks.datasets import FINGERPRINT_CACHE, fingerprint, prepare_dataset
-    from tasks.tfds_builders._progress import LOG_EVERY
+    from stratoflow.data.datasets import FINGERPRINT_CACHE, fingerprint, prepare_dataset
+    from stratoflow.data.tfds_builders._progress import LOG_EVERY
 
     session_ref = request.getfixturevalue(fixture_name)
     spec = DatasetSpec(name=session_ref.name, version=session_ref.version)
 
-    with caplog.at_level(logging.INFO, logger="tasks.tfds_builders._progress"):
+    with caplog.at_level(logging.INFO, logger="stratoflow.data.tfds_builders._progress"):
         fresh = prepare_dataset(spec, data_dir=tmp_path)
     assert fresh.built is True
     # The build logs its progress: a line per LOG_EVERY examples of a split, and one at its end.
@@ -160,7 +160,7 @@ def test_rebuild_elsewhere_gives_same_fingerprint_and_built_flags(
 
 
 def test_generic_split_expressions_are_resolved(digits_ref):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     spec = DatasetSpec(
         name="stratoflow_digits",
@@ -176,7 +176,7 @@ def test_generic_split_expressions_are_resolved(digits_ref):
 
 
 def test_bad_split_expression_names_the_role_and_the_available_splits(digits_ref):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     spec = DatasetSpec(
         name="stratoflow_digits",
@@ -189,7 +189,7 @@ def test_bad_split_expression_names_the_role_and_the_available_splits(digits_ref
 
 
 def test_unknown_tfds_name_is_a_value_error_naming_it(tf_runtime, tmp_path):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     with pytest.raises(ValueError, match="unknown TFDS dataset 'stratoflow_mnits'"):
         prepare_dataset(DatasetSpec(name="stratoflow_mnits", version="1.0.0"), tmp_path)
@@ -198,7 +198,7 @@ def test_unknown_tfds_name_is_a_value_error_naming_it(tf_runtime, tmp_path):
 
 
 def test_offline_tfds_dataset_fails_fast_with_instructions(tf_runtime, tmp_path):
-    from tasks.datasets import DatasetUnavailableError, prepare_dataset
+    from stratoflow.data.datasets import DatasetUnavailableError, prepare_dataset
 
     spec = DatasetSpec(name="mnist", version="3.0.1")
     started = time.monotonic()
@@ -221,8 +221,8 @@ _CHILD = textwrap.dedent(
     import json, logging, sys, time
     from pathlib import Path
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    from pipelines.spec import DatasetSpec
-    from tasks.datasets import prepare_dataset
+    from stratoflow.config.spec import DatasetSpec
+    from stratoflow.data.datasets import prepare_dataset
 
     data_dir, ready, go = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     ready.touch()

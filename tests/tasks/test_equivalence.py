@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.spec import ModelSpec, PipelineSpec, load_spec
+from stratoflow.config.spec import ModelSpec, PipelineSpec, load_spec
 
 SEEDS = (3, 17, 31)
 # Steps compared per run, and how far apart two strategies' losses may be at any of them.
@@ -57,20 +57,20 @@ def equivalence_spec(pipeline: str, strategy: str, seed: int) -> PipelineSpec:
 
 @pytest.fixture(scope="module")
 def datasets(tf_runtime) -> dict[str, Any]:
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     return {pipeline: prepare_dataset(load_spec(pipeline).dataset) for pipeline in PIPELINES}
 
 
 @pytest.fixture(scope="module")
 def held_out(datasets) -> dict[str, Any]:
-    from tasks.datasets import load_arrays
+    from stratoflow.data.datasets import load_arrays
 
     return {pipeline: load_arrays(datasets[pipeline], "test") for pipeline in PIPELINES}
 
 
 def final_test_accuracy(model_path: str, arrays: Any) -> float:
-    from tasks.evaluation import evaluate_model
+    from stratoflow.training.evaluation import evaluate_model
 
     return evaluate_model(model_path, *arrays).test_accuracy
 
@@ -78,7 +78,7 @@ def final_test_accuracy(model_path: str, arrays: Any) -> float:
 @pytest.fixture(scope="module")
 def in_process(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int], dict]:
     """(pipeline, strategy, seed) → step losses and final test accuracy, trained in-process."""
-    from tasks.training import train
+    from stratoflow.training.trainer import train
 
     runs = {}
     for pipeline, strategy, seed in itertools.product(PIPELINES, IN_PROCESS, SEEDS):
@@ -96,7 +96,7 @@ def in_process(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int
 @pytest.fixture(scope="module")
 def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int], dict]:
     """(pipeline, multi_worker_mirrored, seed) → the same, from one 2-worker launch per model."""
-    from tasks import cluster, launcher
+    from stratoflow.distributed import cluster, launcher
 
     runs = {}
     for pipeline in PIPELINES:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines.spec import EvaluationGate
-from tasks.evaluation import decide_gate, score_logits
+from stratoflow.config.spec import EvaluationGate
+from stratoflow.training.evaluation import decide_gate, score_logits
 
 
 def test_score_logits_counts_per_class():

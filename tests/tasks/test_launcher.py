@@ -9,8 +9,13 @@ import time
 
 import pytest
 
-from tasks import launcher
-from tasks.launcher import ChildProcessFailed, Member, run_cluster, run_python_module
+from stratoflow.distributed import launcher
+from stratoflow.distributed.launcher import (
+    ChildProcessFailed,
+    Member,
+    run_cluster,
+    run_python_module,
+)
 from tests.processes import ECHO_MODULE, cluster_children, kill_during
 
 pytestmark = pytest.mark.integration
@@ -43,7 +48,7 @@ def test_a_native_tensorflow_crash_becomes_a_clear_failure():
 def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp_path):
     payload = {"pipeline": "no_such_pipeline", "config": {}}
     with pytest.raises(ChildProcessFailed, match="failed: SpecError: .*missing required key"):
-        run_python_module("tasks.training_worker", payload, name="training process")
+        run_python_module("stratoflow.training.worker", payload, name="training process")
 
 
 def test_a_result_is_returned():

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import settings
-from pipelines.spec import ModelSpec, load_spec
+from stratoflow.config import names, settings
+from stratoflow.config.spec import ModelSpec, load_spec
 from tasks.steps import AirflowRun
 from tests.processes import cluster_children, kill_during, leftovers, tf_config_of
 
@@ -37,7 +37,8 @@ def losses(history) -> list[float]:
 
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdir, strategy):
-    from tasks import steps, tracking
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("digits")
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4}
@@ -46,15 +47,15 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
     evaluated = steps.evaluate("digits", params, run, dataset, trained)
 
     assert trained["num_workers"] == 2
-    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # logged by the chief only, once
     values = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert values[-1] < values[0]
     assert evaluated["test_accuracy"] > 0.85
     assert cluster_children() == []
     # The chief describes the cluster it trained in: its jobs, their addresses, its own task.
-    environment = tracking.client().download_artifacts(
-        trained["mlflow_run_id"], tracking.ENVIRONMENT_ARTIFACT
+    environment = mlflow_runs.client().download_artifacts(
+        trained["mlflow_run_id"], names.ENVIRONMENT_ARTIFACT
     )
     cluster = json.loads(Path(environment).read_text())["cluster"]
     assert (cluster["workers"], cluster["ps"]) == (2, 1 if strategy == "parameter_server" else 0)
@@ -82,8 +83,9 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
 def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     tf_runtime, private_tmpdir, strategy, victim
 ):
-    from tasks import steps, tracking
-    from tasks.launcher import ChildProcessFailed
+    from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("mnist")
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 3, "seed": 5}
@@ -112,7 +114,7 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
     trained = steps.train("mnist", params, retry, dataset)
     assert trained["resumed_from_epoch"] >= 1
-    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
     assert cluster_children() == []
     assert leftovers(private_tmpdir) == []
@@ -120,8 +122,8 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
 
 def test_a_worker_that_fails_with_an_error_leaves_no_scratch_folder(tf_runtime, private_tmpdir):
     """Every worker raises after making its scratch folder: a batch larger than the dataset."""
+    from stratoflow.distributed.launcher import ChildProcessFailed
     from tasks import steps
-    from tasks.launcher import ChildProcessFailed
 
     run = new_run("digits")
     params = {"strategy": "multi_worker_mirrored", "workers": 2, "batch_size": 4096}
@@ -135,8 +137,8 @@ def test_a_worker_that_fails_with_an_error_leaves_no_scratch_folder(tf_runtime, 
 
 
 def test_central_storage_trains_a_model_without_random_layers(tf_runtime, tmp_path):
-    from tasks.datasets import prepare_dataset
-    from tasks.training import train
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.trainer import train
 
     spec = load_spec("digits")
     spec = dataclasses.replace(
@@ -153,8 +155,8 @@ def test_central_storage_trains_a_model_without_random_layers(tf_runtime, tmp_pa
 
 
 def test_central_storage_refuses_random_layers_before_training(tf_runtime, tmp_path):
-    from tasks.datasets import prepare_dataset
-    from tasks.training import train
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.trainer import train
 
     spec = load_spec("digits")  # its MLP has Dropout
     spec = dataclasses.replace(
@@ -169,7 +171,7 @@ def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
     """The first layout's ps port is taken by another process: TF's server cannot bind it."""
     import socket
 
-    from tasks import cluster, launcher
+    from stratoflow.distributed import cluster, launcher
 
     blocker = socket.socket()
     blocker.bind(("", 0))
@@ -181,7 +183,7 @@ def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
         layouts.append(cluster.ClusterLayout({"ps": [f"127.0.0.1:{port}"]}))
         env = {"TF_CONFIG": layouts[-1].tf_config("ps", 0)}
         return [
-            launcher.Member("ps 0", "tasks.cluster_server", env, server=True),
+            launcher.Member("ps 0", "stratoflow.distributed.server", env, server=True),
             # Outlives the ps's start-up, so a clash is seen before the result is in.
             launcher.Member("result", "tests.tasks.echo_program"),
         ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import plots
+from stratoflow.tracking import plots
 from tests.images import PNG_SIGNATURE, colour_pixels
 
 

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from tasks.progress import EpochProgress, format_epoch_line
-from tasks.training import EpochMetrics
+from stratoflow.training.progress import EpochProgress, format_epoch_line
+from stratoflow.training.trainer import EpochMetrics
 
 
 def metrics(epoch: int, seconds: float = 2.0) -> EpochMetrics:
@@ -32,7 +32,7 @@ def test_the_line_reads_like_a_sentence():
 def test_eta_is_the_mean_epoch_wall_time_times_the_epochs_left(caplog: pytest.LogCaptureFixture):
     now = iter([100.0, 105.0, 108.0])
     progress = EpochProgress(epochs=5, clock=lambda: next(now))
-    with caplog.at_level(logging.INFO, logger="tasks.progress"):
+    with caplog.at_level(logging.INFO, logger="stratoflow.training.progress"):
         progress(metrics(1, seconds=4.0))  # first epoch: its own training time, 4 s
         progress(metrics(2))  # 5 s since epoch 1 ended
         progress(metrics(3))  # 3 s

@@ -16,7 +16,7 @@ import numpy as np
 import psutil
 import pytest
 
-from pipelines import settings
+from stratoflow.config import names, settings
 from tasks.steps import AirflowRun
 from tests.images import png_size
 
@@ -29,7 +29,7 @@ def training_children() -> list[psutil.Process]:
     return [
         child
         for child in psutil.Process().children(recursive=True)
-        if "tasks.training_worker" in " ".join(child.cmdline())
+        if "stratoflow.training.worker" in " ".join(child.cmdline())
     ]
 
 
@@ -52,9 +52,10 @@ SAMPLING_SECONDS = 0.25
 @pytest.fixture(scope="module")
 def digits_run(tf_runtime):
     """The four steps of a 6-epoch digits run, with the training child's output as it arrived."""
-    from tasks import steps, system_metrics
+    from stratoflow.tracking import system_metrics
+    from tasks import steps
 
-    launcher_log = logging.getLogger("tasks.launcher")
+    launcher_log = logging.getLogger("stratoflow.distributed.launcher")
     lines, level = _Lines(), launcher_log.level
     launcher_log.addHandler(lines)
     launcher_log.setLevel(logging.INFO)
@@ -75,11 +76,11 @@ def digits_run(tf_runtime):
 
 
 def test_digits_pipeline_end_to_end(digits_run):
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
     run, dataset, trained, evaluated, registered, _ = digits_run
     assert trained["mlflow_run_id"] == dataset["mlflow_run_id"]
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     mlflow_run = mlflow_client.get_run(trained["mlflow_run_id"])
     assert mlflow_run.info.status == "FINISHED"
     for metric in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second"):
@@ -98,7 +99,7 @@ def test_digits_pipeline_end_to_end(digits_run):
     assert mlflow_run.data.metrics["test_accuracy"] == pytest.approx(evaluated["test_accuracy"])
     assert "test_recall_class_9" in mlflow_run.data.metrics
     assert mlflow_run.data.tags["num_replicas"] == "1"
-    assert registered["version"] == mlflow_run.data.tags[tracking.VERSION_TAG]
+    assert registered["version"] == mlflow_run.data.tags[names.VERSION_TAG]
     assert "challenger" in registered["aliases"]
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
 
@@ -109,19 +110,20 @@ def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environme
     import matplotlib.image
     import yaml
 
-    from tasks import steps, tracking
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run, dataset, trained, *_ = digits_run
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     folder = Path(mlflow_client.download_artifacts(trained["mlflow_run_id"], "", str(tmp_path)))
 
-    for name in (tracking.CURVES_ARTIFACT, tracking.CONFUSION_MATRIX_ARTIFACT):
+    for name in (names.CURVES_ARTIFACT, names.CONFUSION_MATRIX_ARTIFACT):
         width, height = png_size((folder / name).read_bytes())
         assert width >= 600 and height >= 400, name
         pixels = matplotlib.image.imread(folder / name)
         assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50, name  # drawn
 
-    table = json.loads((folder / tracking.PER_CLASS_ARTIFACT).read_text())
+    table = json.loads((folder / names.PER_CLASS_ARTIFACT).read_text())
     assert table["columns"] == ["class", "name", "precision", "recall", "support"]
     rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
     assert [row["class"] for row in rows] == list(range(10))
@@ -129,22 +131,22 @@ def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environme
     metrics = mlflow_client.get_run(trained["mlflow_run_id"]).data.metrics
     for row in rows:
         assert row["recall"] == pytest.approx(metrics[f"test_recall_class_{row['class']}"])
-    test_metrics = json.loads((folder / tracking.TEST_METRICS_ARTIFACT).read_text())
+    test_metrics = json.loads((folder / names.TEST_METRICS_ARTIFACT).read_text())
     assert np.trace(test_metrics["confusion_matrix"]) == round(
         metrics["test_accuracy"] * dataset["split_sizes"]["test"]
     )
     logged = json.loads(
         mlflow_client.get_run(trained["mlflow_run_id"]).data.tags["mlflow.loggedArtifacts"]
     )
-    assert {"path": tracking.PER_CLASS_ARTIFACT, "type": "table"} in logged  # a table in the UI
+    assert {"path": names.PER_CLASS_ARTIFACT, "type": "table"} in logged  # a table in the UI
 
     resolved = dataclasses.asdict(steps.resolve_config("digits", {"epochs": 6}))
-    config = yaml.safe_load((folder / tracking.CONFIG_YAML_ARTIFACT).read_text())
+    config = yaml.safe_load((folder / names.CONFIG_YAML_ARTIFACT).read_text())
     assert config == resolved
     assert config["training"]["epochs"] == 6
-    assert json.loads((folder / tracking.CONFIG_JSON_ARTIFACT).read_text()) == resolved
+    assert json.loads((folder / names.CONFIG_JSON_ARTIFACT).read_text()) == resolved
 
-    environment = json.loads((folder / tracking.ENVIRONMENT_ARTIFACT).read_text())
+    environment = json.loads((folder / names.ENVIRONMENT_ARTIFACT).read_text())
     assert (environment["strategy"], environment["num_replicas"]) == ("one_device", 1)
     assert environment["num_workers"] == environment["cluster"]["workers"] == 1
     assert environment["cluster"]["jobs"] == {}
@@ -162,10 +164,10 @@ def tf_version() -> str:
 
 
 def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
     run_id = digits_run[2]["mlflow_run_id"]
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     cpu = mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
     memory = mlflow_client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
     assert cpu and memory
@@ -186,10 +188,14 @@ def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
 
 
 def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_run):
-    from tasks import tracking
+    from stratoflow.tracking import mlflow_runs
 
     trained, records = digits_run[2], digits_run[-1]
-    progress = [(arrived, line) for arrived, line in records if "tasks.progress: epoch " in line]
+    progress = [
+        (arrived, line)
+        for arrived, line in records
+        if "stratoflow.training.progress: epoch " in line
+    ]
     line_format = re.compile(
         r"epoch (\d)/6: loss \d+\.\d{4}, accuracy [01]\.\d{4}, val_loss \d+\.\d{4}, "
         r"val_accuracy [01]\.\d{4}, [\d,]+ examples/s, ETA \d+:\d\d:\d\d$"
@@ -199,15 +205,16 @@ def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_r
     assert [int(match.group(1)) for match in epochs if match] == [1, 2, 3, 4, 5, 6]
     # Streamed, not buffered until the child exits: epoch 1's line reached the task's log
     # before epoch 6 had even ended (its metrics' timestamp, on the same clock).
-    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
     last_epoch_logged = max(metric.timestamp for metric in history) / 1000
     assert progress[0][0] < last_epoch_logged
 
 
 def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     """SIGKILL the training child after its first checkpoint; the retry resumes at epoch 2."""
-    from tasks import steps, tracking
-    from tasks.launcher import ChildProcessFailed
+    from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("mnist")
     params = {"epochs": 3, "seed": 3}
@@ -239,14 +246,15 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
     trained = steps.train("mnist", params, retry, dataset)
     assert trained["resumed_from_epoch"] >= 1
-    history = tracking.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
 
 
 def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     """Training fails for good (no TPU here): no version, no checkpoint, the MLflow run FAILED."""
-    from tasks import steps, tracking
-    from tasks.launcher import ChildProcessFailed
+    from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("digits")
     params = {"strategy": "tpu"}
@@ -255,17 +263,18 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
         steps.train("digits", params, run, dataset)
     steps.clean_up_failed_run("digits", run)
 
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     mlflow_run = mlflow_client.get_run(dataset["mlflow_run_id"])
     assert mlflow_run.info.status == "FAILED"
-    assert tracking.VERSION_TAG not in mlflow_run.data.tags
+    assert names.VERSION_TAG not in mlflow_run.data.tags
     versions = mlflow_client.search_model_versions(f"run_id = '{mlflow_run.info.run_id}'")
     assert list(versions) == []
     assert not Path(settings.run_dir(run.dag_id, run.run_id)).exists()
 
 
 def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
-    from tasks import steps, tracking
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("digits")
     params = {"epochs": 1, "promote": False}
@@ -274,7 +283,7 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     evaluated = steps.evaluate("digits", params, run, dataset, trained)
     registered = steps.log_and_register("digits", params, run, dataset, trained, evaluated)
     steps.clean_up_failed_run("digits", run)
-    mlflow_client = tracking.client()
+    mlflow_client = mlflow_runs.client()
     versions = mlflow_client.search_model_versions(f"run_id = '{trained['mlflow_run_id']}'")
     assert list(versions) == []
     assert registered["version"]
@@ -282,7 +291,7 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
 
 
 def test_bad_params_fail_before_any_work(tf_runtime):
-    from pipelines.spec import SpecError
+    from stratoflow.config.spec import SpecError
     from tasks import steps
 
     with pytest.raises(SpecError, match="unknown key 'strategi'; allowed: batch_size"):
@@ -292,13 +301,14 @@ def test_bad_params_fail_before_any_work(tf_runtime):
 
 
 def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_runtime):
-    from pipelines.spec import SpecError
-    from tasks import steps, tracking
+    from stratoflow.config.spec import SpecError
+    from stratoflow.tracking import mlflow_runs
+    from tasks import steps
 
     run = new_run("digits")  # digits' MLP has Dropout
     with pytest.raises(SpecError, match="run conf.strategy 'central_storage' cannot train"):
         steps.prepare("digits", {"strategy": "central_storage"}, run)
-    assert tracking.find_run(tracking.client(), "digits", run.dag_id, run.run_id) is None
+    assert mlflow_runs.find_run(mlflow_runs.client(), "digits", run.dag_id, run.run_id) is None
 
 
 def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, caplog):
@@ -335,8 +345,9 @@ def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
 
 
 def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_runtime):
-    from pipelines.spec import load_spec
-    from tasks import datasets, steps
+    from stratoflow.config.spec import load_spec
+    from stratoflow.data import datasets
+    from tasks import steps
 
     refreshed = steps.refresh_dataset("stratoflow_digits")
     reference = datasets.prepare_dataset(load_spec("digits").dataset)

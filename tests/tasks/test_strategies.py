@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 
-from pipelines.options import STRATEGIES
-from pipelines.spec import TrainingConfig
+from stratoflow.config.options import STRATEGIES
+from stratoflow.config.spec import TrainingConfig
 
 
 def test_factory_and_options_list_the_same_strategies():
-    from tasks import strategies
+    from stratoflow.training import strategies
 
     assert set(strategies._BUILDERS) == set(STRATEGIES)
 
@@ -24,7 +24,7 @@ def test_factory_and_options_list_the_same_strategies():
     ],
 )
 def test_make_strategy(tf_runtime, name, replicas, expected_type, expected_replicas):
-    from tasks.strategies import make_strategy
+    from stratoflow.training.strategies import make_strategy
 
     strategy = make_strategy(TrainingConfig(strategy=name, replicas=replicas))
     assert type(strategy).__name__ == expected_type
@@ -32,14 +32,14 @@ def test_make_strategy(tf_runtime, name, replicas, expected_type, expected_repli
 
 
 def test_mirrored_with_more_replicas_than_logical_cpus_is_refused(tf_runtime):
-    from tasks.strategies import StrategyUnavailableError, make_strategy
+    from stratoflow.training.strategies import StrategyUnavailableError, make_strategy
 
     with pytest.raises(StrategyUnavailableError, match="replicas=4 needs 4 logical CPUs"):
         make_strategy(TrainingConfig(strategy="mirrored", replicas=4))
 
 
 def test_unknown_strategy_names_the_allowed_ones(tf_runtime):
-    from tasks.strategies import make_strategy
+    from stratoflow.training.strategies import make_strategy
 
     bogus = dataclasses.replace(TrainingConfig(), strategy="bogus")
     with pytest.raises(ValueError, match="allowed: auto, one_device, mirrored"):
@@ -47,7 +47,7 @@ def test_unknown_strategy_names_the_allowed_ones(tf_runtime):
 
 
 def test_required_logical_cpus():
-    from tasks.strategies import required_logical_cpus
+    from stratoflow.training.strategies import required_logical_cpus
 
     assert required_logical_cpus(TrainingConfig(strategy="mirrored", replicas=4)) == 4
     assert required_logical_cpus(TrainingConfig(strategy="one_device", replicas=4)) == 1

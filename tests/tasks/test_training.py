@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spec import ModelSpec, PipelineSpec, load_spec
+from stratoflow.config.spec import ModelSpec, PipelineSpec, load_spec
 
 EPOCHS = 2
 
@@ -29,13 +29,13 @@ def digits_spec(**training: object) -> PipelineSpec:
 
 @pytest.fixture(scope="module")
 def digits(tf_runtime):
-    from tasks.datasets import prepare_dataset
+    from stratoflow.data.datasets import prepare_dataset
 
     return prepare_dataset(load_spec("digits").dataset)
 
 
 def run_training(digits, tmp_path: Path, **training: object):
-    from tasks.training import train
+    from stratoflow.training.trainer import train
 
     return train(digits_spec(**training), digits, tmp_path)
 
@@ -109,7 +109,7 @@ def test_batch_larger_than_the_training_split_is_refused(digits, tmp_path):
 
 
 def test_tpu_is_refused_clearly_on_a_host_without_one(digits, tmp_path):
-    from tasks.strategies import StrategyUnavailableError
+    from stratoflow.training.strategies import StrategyUnavailableError
 
     with pytest.raises(StrategyUnavailableError, match="needs a TPU.*choose one of: auto"):
         run_training(digits, tmp_path, strategy="tpu")

@@ -1,0 +1,354 @@
+"""The `stratoflow` command: run a pipeline locally through Airflow, list pipelines, compare runs.
+
+    stratoflow run mnist --strategy mirrored --replicas 2 --epochs 3
+    stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
+    stratoflow list
+    stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
+    stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
+    stratoflow services up|status|down [--state-dir DIR]
+
+Choices come from `stratoflow.config.options`, so a typo is refused before Airflow starts. Tables
+and
+summaries go to stdout; progress and errors are logged to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from stratoflow.cli.tables import format_table
+from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.spec import list_pipelines, load_spec
+
+log = logging.getLogger(__name__)
+
+COMPARE_COLUMNS = (
+    "strategy",
+    "replicas",
+    "workers",
+    "loop",
+    "epochs",
+    "test_accuracy",
+    "examples_per_second",
+    "duration_s",
+    "version",
+    "champion",
+)
+CHAMPION_MARKER = "*"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `stratoflow` command line.
+
+    Args:
+        argv: the arguments after the program name; `sys.argv[1:]` by default.
+
+    Returns:
+        The exit code: 0 on success, 1 when the command failed (the reason is logged), 2 for a
+        usage error (from argparse).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(parser, args)
+    if args.command == "list":
+        return _list()
+    if args.command == "serve":
+        return _serve(parser, args)
+    if args.command == "benchmark":
+        return _benchmark(parser, args)
+    if args.command == "services":
+        return _services(args)
+    return _compare(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stratoflow", description="Retrain TensorFlow models with Airflow and MLflow."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="run a pipeline once, for real, through Airflow (airflow dags test)",
+        description="Run a pipeline's DAG once with `airflow dags test`, then print a summary. "
+        "Flags override the same keys of --conf; unset ones keep the spec's defaults.",
+    )
+    run.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    run.add_argument("--strategy", choices=list(STRATEGIES))
+    run.add_argument("--replicas", type=int, choices=REPLICA_CHOICES)
+    run.add_argument("--workers", type=int, choices=WORKER_CHOICES)
+    run.add_argument("--ps", type=int, choices=PS_CHOICES)
+    run.add_argument(
+        "--cluster", help='standing parameter-server cluster, JSON {"worker": [...], "ps": [...]}'
+    )
+    run.add_argument("--loop", choices=list(LOOPS))
+    run.add_argument("--epochs", type=int)
+    run.add_argument("--batch-size", type=int)
+    run.add_argument("--learning-rate", type=float)
+    run.add_argument("--seed", type=int)
+    run.add_argument(
+        "--no-promote",
+        dest="promote",
+        action="store_false",
+        default=None,
+        help="do not move the champion alias, even when the gate passes",
+    )
+    run.add_argument(
+        "--conf",
+        default="{}",
+        help="the run's Params as a JSON object, as for `airflow dags test -c`",
+    )
+
+    commands.add_parser("list", help="list the pipelines and their schedules")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run a standing TensorFlow server (a parameter-server cluster's worker or ps)",
+        description="Serve task INDEX of JOB in CLUSTER until killed. Without --cluster, read "
+        "the cluster and the task from $TF_CONFIG (as Kubeflow's TFJob sets it).",
+    )
+    serve.add_argument("--job", choices=["worker", "ps"])
+    serve.add_argument("--index", type=int, default=0)
+    serve.add_argument("--cluster", help='JSON {"worker": ["host:port", ...], "ps": [...]}')
+
+    benchmark = commands.add_parser(
+        "benchmark",
+        help="train briefly under every strategy this host can run and recommend one",
+        description="Run a pipeline's strategy benchmark DAG once with `airflow dags test`, then "
+        "print the comparison table and the recommended strategy. Registers no model.",
+    )
+    benchmark.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    benchmark.add_argument("--epochs", type=int, help="epochs per strategy")
+    benchmark.add_argument("--seed", type=int)
+    benchmark.add_argument(
+        "--strategies",
+        type=_strategy_list,
+        help="comma-separated strategies (default: every one this host can run)",
+    )
+    benchmark.add_argument(
+        "--tolerance", type=float, help="accuracy tolerance of the recommendation rule (0.01)"
+    )
+    benchmark.add_argument("--conf", default="{}", help="the benchmark's Params as a JSON object")
+    services = commands.add_parser(
+        "services",
+        help="run the deployment locally: PostgreSQL, MLflow server, Airflow (up|status|down)",
+        description="Start (up), describe (status) or stop (down) the stack of real processes "
+        "in a state folder; every server binds 127.0.0.1 on a free port.",
+    )
+    services.add_argument("action", choices=["up", "status", "down"])
+    services.add_argument(
+        "--state-dir", help="the stack's folder (default: services/ in $STRATOFLOW_HOME)"
+    )
+
+    compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
+    compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
+    compare.add_argument(
+        "--run",
+        dest="run_ids",
+        action="append",
+        type=_run_id,
+        metavar="RUN_ID",
+        help="compare this MLflow run (repeat the flag); default: the newest --limit runs",
+    )
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG overlaying the runs' val_loss and val_accuracy per epoch",
+    )
+    return parser
+
+
+def _pipeline_name(value: str) -> str:
+    if value not in list_pipelines():
+        raise argparse.ArgumentTypeError(
+            f"unknown pipeline {value!r}; available: {', '.join(list_pipelines())}"
+        )
+    return value
+
+
+def _strategy_list(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown strategy {unknown[0]!r}; allowed: {', '.join(STRATEGIES)}"
+        )
+    return names
+
+
+def _run_id(value: str) -> str:
+    if not value or not all(c.isalnum() or c in "-_" for c in value):
+        raise argparse.ArgumentTypeError(f"not an MLflow run id: {value!r}")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def build_conf(conf_json: str, flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's Params: the `--conf` JSON object, then every flag that was given.
+
+    Args:
+        conf_json: a JSON object, e.g. '{"epochs": 2}'.
+        flags: flag values by Param name; None means "not given".
+
+    Raises:
+        ValueError: `conf_json` is not a JSON object.
+    """
+    try:
+        conf = json.loads(conf_json or "{}")
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--conf is not valid JSON: {error}") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"--conf must be a JSON object, got {type(conf).__name__}")
+    return {**conf, **{key: value for key, value in flags.items() if value is not None}}
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    flags = {
+        key: getattr(args, key)
+        for key in (
+            "strategy",
+            "replicas",
+            "workers",
+            "ps",
+            "cluster",
+            "loop",
+            "epochs",
+            "batch_size",
+            "learning_rate",
+            "seed",
+            "promote",
+        )
+    }
+    try:
+        conf = build_conf(args.conf, flags)
+    except ValueError as error:
+        parser.error(str(error))
+    from stratoflow.cli.runner import run_pipeline
+
+    return run_pipeline(args.pipeline, conf)
+
+
+def _benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    flags = {key: getattr(args, key) for key in ("epochs", "seed", "strategies", "tolerance")}
+    try:
+        conf = build_conf(args.conf, flags)
+    except ValueError as error:
+        parser.error(str(error))
+    from stratoflow.cli.runner import run_benchmark
+
+    return run_benchmark(args.pipeline, conf)
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import os
+
+    from stratoflow.config.spec import SpecError, parse_cluster
+    from stratoflow.distributed import server
+
+    if args.cluster is None:
+        if "TF_CONFIG" not in os.environ:
+            parser.error("serve needs --job and --cluster, or $TF_CONFIG")
+        server.serve_from_tf_config(os.environ["TF_CONFIG"])
+        return 0
+    if args.job is None:
+        parser.error("serve --cluster needs --job")
+    try:
+        jobs = parse_cluster(args.cluster, "--cluster")
+        server.serve(jobs, args.job, args.index)
+    except (SpecError, ValueError) as error:
+        parser.error(str(error))
+    return 0
+
+
+def _services(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stratoflow import services
+
+    state = Path(args.state_dir) if args.state_dir else services.default_state_dir()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    stack = services.Stack(state, attached=False)
+    try:
+        if args.action == "up":
+            report = stack.up()
+            waited = services.wait_for_dags(stack)
+            sys.stdout.write(services.describe(stack, report, waited))
+        elif args.action == "status":
+            sys.stdout.write(services.describe(stack))
+        else:
+            stack.down()
+            sys.stdout.write(f"stack in {state} stopped\n")
+    except services.ServiceError as error:
+        log.error("%s", error)
+        return 1
+    return 0
+
+
+def _list() -> int:
+    rows = []
+    for name in list_pipelines():
+        spec = load_spec(name)
+        rows.append(
+            {
+                "pipeline": name,
+                "dataset": f"{spec.dataset.name} {spec.dataset.version}",
+                "model": spec.model.builder,
+                "schedule": spec.schedule or "manual only",
+                "registered_model": spec.registered_model,
+            }
+        )
+    sys.stdout.write(format_table(rows, list(rows[0]) if rows else []))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from stratoflow.tracking import reports
+
+    try:
+        runs = reports.compare_runs(args.pipeline, args.limit, args.run_ids)
+    except LookupError as error:
+        log.error("%s", error)
+        return 1
+    except Exception:
+        log.exception("Could not read the tracked runs of pipeline %s", args.pipeline)
+        return 1
+    if args.json:
+        sys.stdout.write(json.dumps(runs, indent=2, default=str) + "\n")
+    elif not runs:
+        sys.stdout.write(f"No tracked runs of pipeline {args.pipeline} yet.\n")
+    else:
+        rows = [{**run, "champion": CHAMPION_MARKER if run.get("champion") else ""} for run in runs]
+        sys.stdout.write(format_table(rows, COMPARE_COLUMNS))
+        sys.stdout.write(f"{CHAMPION_MARKER} = the registered model's current champion\n")
+    if not runs:
+        return 0
+    # With --json, stdout stays pure JSON: the link and the plot's path go to the log (stderr).
+    say = log.info if args.json else (lambda text: sys.stdout.write(text + "\n"))
+    if args.plot:
+        drawn = reports.plot_validation_curves(runs, args.plot)
+        say(f"validation curves of {len(drawn)} run(s): {args.plot}")
+    url = reports.compare_url(
+        [run["run_id"] for run in runs], [run["experiment_id"] for run in runs]
+    )
+    say(f"compare them in the MLflow UI: {url}")
+    if not reports.serves_ui():
+        say(f"  (start the UI first: {reports.ui_command()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""The local runner behind `make run`: one real DAG run with `airflow dags test`, then a summary.
+
+`airflow dags test` runs the DAG's tasks one after the other in a single process (TensorFlow is
+imported once), with the same Params validation, retries and callbacks as under a scheduler. The
+runner gives Airflow its own home inside the state folder (SQLite metadata DB, this repo's `dags/`,
+no example DAGs), so a run touches nothing outside the project's `.stratoflow/`.
+
+The tests start their Airflow subprocesses with `airflow_env` too, so both use the same setup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from stratoflow.cli.tables import format_table
+from stratoflow.config import names
+from stratoflow.config.params import benchmark_params, dag_params
+from stratoflow.config.spec import SpecError, list_pipelines, load_spec, override_spec
+from stratoflow.services.airflow_setup import (
+    AirflowSetupError,
+    airflow_command,
+    airflow_env,
+    airflow_home,
+    ensure_airflow_db,
+)
+
+log = logging.getLogger(__name__)
+
+# The signals that stop a local run cleanly (Ctrl-C, and what `kill`, systemd or CI send).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Task instance states: as Airflow marks a DAG run failed by hand (`mark_tasks.py`), the running
+# ones become failed, the unfinished ones skipped.
+RUNNING_TI_STATES = ("running", "deferred", "up_for_reschedule", "awaiting_input")
+FINISHED_TI_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
+
+
+class RunError(RuntimeError):
+    """The local run could not start or its DAG run failed; the message says why."""
+
+    def __init__(self, message: str, run_id: str | None = None):
+        super().__init__(message)
+        self.run_id = run_id  # the failed DAG run, if one was created
+
+
+class RunStopped(Exception):
+    """SIGINT or SIGTERM stopped a DAG run in progress; the message says what was stopped."""
+
+    def __init__(self, message: str, signum: int, run_id: str | None = None):
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        self.run_id = run_id
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived. A KeyboardInterrupt, so `except Exception` lets it through."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM raise `Stopped` (SIGTERM would otherwise kill the CLI
+    at once and leave its `airflow dags test` running). Only the main thread gets signals."""
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    with _handling(STOP_SIGNALS, raise_stopped):
+        yield
+
+
+def _stoppable(
+    command: Callable[[str, dict[str, Any]], int],
+) -> Callable[[str, dict[str, Any]], int]:
+    @functools.wraps(command)
+    def run(pipeline: str, conf: dict[str, Any]) -> int:
+        with stop_on_signals():
+            try:
+                return command(pipeline, conf)
+            except RunStopped as stopped:
+                log.error("%s", stopped)
+                return stopped.exit_code
+            except Stopped as stopped:
+                log.error("Stopped by %s; no DAG run was in progress.", stopped)
+                return 128 + stopped.signum
+
+    return run
+
+
+def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+    """Refuse a bad run config before Airflow starts, with the messages Airflow would give.
+
+    Airflow validates each Param against its JSON schema when it creates the DAG run; this does
+    the same, and also refuses unknown keys and bad combinations (which Airflow would only
+    report when the first task starts).
+
+    Raises:
+        SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
+    """
+    spec = load_spec(pipeline)
+    _check_against_params(dag_params(spec), conf)
+    override_spec(spec, dict(conf))
+
+
+def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+    """`check_conf` for the strategy-benchmark DAG's Params (epochs, seed, strategies, tolerance).
+
+    Raises:
+        SpecError: unknown pipeline, unknown key or invalid value.
+    """
+    from tasks.strategy_benchmark import benchmark_spec
+
+    _check_against_params(benchmark_params(load_spec(pipeline)), conf)
+    benchmark_spec(pipeline, dict(conf))
+
+
+def _check_against_params(params: Mapping[str, Mapping[str, Any]], conf: Mapping[str, Any]) -> None:
+    # Airflow's own dependency, called as `Param.resolve` calls it.
+    from jsonschema import ValidationError, validate
+
+    unknown = sorted(set(conf) - set(params))
+    if unknown:
+        raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(params)}")
+    for key, value in conf.items():
+        schema = {k: v for k, v in params[key].items() if k not in ("default", "description")}
+        try:
+            validate(value, schema)
+        except ValidationError as error:
+            raise SpecError(f"Invalid input for param {key}: {error.message}") from None
+
+
+@_stoppable
+def run_pipeline(pipeline: str, conf: dict[str, Any]) -> int:
+    """Run pipeline `pipeline` once, for real, through Airflow, then print a summary.
+
+    Args:
+        pipeline: a name from `stratoflow.config.spec.list_pipelines()`.
+        conf: the run's Params overrides, e.g. `{"strategy": "mirrored", "epochs": 2}`.
+
+    Returns:
+        0 when the DAG run succeeded and was summarised, 1 otherwise (the reason is logged),
+        130 or 143 when SIGINT or SIGTERM stopped it (see `dags_test`).
+    """
+    try:
+        run_id = _run_locally(pipeline, names.retrain_dag_id(pipeline), conf, check_conf)
+    except (SpecError, RunError) as error:
+        log.error("%s", error)
+        return 1
+    return _print_summary(pipeline, run_id)
+
+
+@_stoppable
+def run_benchmark(pipeline: str, conf: dict[str, Any]) -> int:
+    """Run pipeline `pipeline`'s strategy benchmark once through Airflow, then print the table.
+
+    Args:
+        pipeline: a name from `stratoflow.config.spec.list_pipelines()`.
+        conf: the benchmark's Params, e.g. `{"epochs": 2, "strategies": ["one_device"]}`.
+
+    Returns:
+        0 when the benchmark recommended a strategy (some strategies may have failed: the table
+        says which and why), 1 otherwise (the reason is logged, and the table printed if any),
+        130 or 143 when SIGINT or SIGTERM stopped it.
+    """
+    dag_id = names.benchmark_dag_id(pipeline)
+    try:
+        run_id = _run_locally(pipeline, dag_id, conf, check_benchmark_conf)
+    except RunError as error:
+        log.error("%s", error)
+        if error.run_id:  # the comparison lists each strategy's error
+            _print_benchmark(pipeline, dag_id, (error.run_id, "failed"))
+        return 1
+    except SpecError as error:
+        log.error("%s", error)
+        return 1
+    return _print_benchmark(pipeline, dag_id, (run_id, "success"))
+
+
+def _run_locally(
+    pipeline: str,
+    dag_id: str,
+    conf: dict[str, Any],
+    check: Callable[[str, Mapping[str, Any]], None],
+) -> str:
+    if pipeline not in list_pipelines():
+        raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
+    check(pipeline, conf)
+    home = airflow_home()
+    env = airflow_env(home)
+    try:
+        ensure_airflow_db(home, env)
+    except AirflowSetupError as error:
+        raise RunError(str(error)) from None
+    return dags_test(dag_id, conf, home, env)
+
+
+def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str, str]) -> str:
+    """Run DAG `dag_id` once with `airflow dags test` and return its run id.
+
+    `airflow dags test` runs in its own process group, so a Ctrl-C in the terminal reaches only
+    this process, which then stops the run as a whole: on SIGINT or SIGTERM (raised here as
+    `KeyboardInterrupt`) it kills the process tree of `airflow dags test` (training processes
+    included), marks the DAG run failed in the metadata DB, ends its MLflow runs KILLED and
+    raises `RunStopped`. If this process is SIGKILLed, `airflow dags test` gets SIGKILL too
+    (`PR_SET_PDEATHSIG`; its training processes die with it the same way), and the next call
+    finishes off what it left running (`reconcile_orphaned_runs`).
+
+    Raises:
+        RunError: the DAG run failed or was not created (names the failed tasks).
+        RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
+    """
+    from stratoflow.distributed.launcher import die_with_parent
+
+    db = home / "airflow.db"
+    reconcile_orphaned_runs(db)
+    previous = _latest_run(db, dag_id)
+    command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
+    log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
+    # Output goes straight to the terminal, so the task logs stream as they are written. Its own
+    # process group is a background one: it must not wait for terminal input (SIGTTIN).
+    process = subprocess.Popen(
+        command,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
+    try:
+        returncode = process.wait()
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", signal.SIGINT)
+        with _handling(STOP_SIGNALS, signal.SIG_IGN):  # a 2nd Ctrl-C must not cut the clean-up
+            raise _stop(process, dag_id, db, previous, signum) from None
+    # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
+    latest = _latest_run(db, dag_id)
+    run = latest if latest and latest != previous else None
+    if returncode or run is None or run[1] != "success":
+        failed = _failed_tasks(db, dag_id, run[0]) if run else []
+        raise RunError(
+            f"DAG run of {dag_id} failed (airflow dags test exit code {returncode}"
+            + (f", run {run[0]} {run[1]}" if run else ", no DAG run was created")
+            + (f"; failed tasks: {', '.join(failed)}" if failed else "")
+            + f"). The task logs are above and under {home / 'logs'}.",
+            run_id=run[0] if run else None,
+        )
+    return run[0]
+
+
+def _stop(
+    process: subprocess.Popen[bytes],
+    dag_id: str,
+    db: Path,
+    previous: tuple[str, str] | None,
+    signum: int,
+) -> RunStopped:
+    name = signal.Signals(signum).name
+    killed = _kill_tree(process)
+    what = f"Stopped by {name}: killed airflow dags test (pid {process.pid})" + (
+        f" and the {killed} process(es) it had started" if killed else ""
+    )
+    latest = _latest_run(db, dag_id)
+    if latest is None or (previous is not None and latest[0] == previous[0]):
+        return RunStopped(f"{what} before it created a DAG run.", signum)
+    run_id = latest[0]
+    ended = _end_dag_run(db, dag_id, run_id)
+    return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> int:
+    """SIGKILL `process` and every process below it; return how many descendants it had.
+
+    Not SIGTERM: Airflow would fail the running task and then retry it (the spec's retries).
+    Training writes a checkpoint per epoch, and the stopped run's folder is removed anyway.
+    """
+    import psutil
+
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # its group: the processes it started
+    for child in descendants:  # and any that left the group
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    process.wait()
+    psutil.wait_procs(descendants, timeout=10)
+    return len(descendants)
+
+
+def reconcile_orphaned_runs(db: Path) -> list[str]:
+    """Fail the DAG runs of Airflow home DB `db` that a killed `airflow dags test` left running.
+
+    The local runner has no scheduler to notice: a DAG run is orphaned when it is "running" and
+    none of its task instances' processes (`task_instance.pid`, set by `airflow dags test`) is
+    alive any more. Each is marked failed, its MLflow runs KILLED (one log line per run).
+
+    Returns:
+        The run ids it marked failed.
+    """
+    if not db.is_file():
+        return []
+    with _connect(db) as connection:
+        rows = connection.execute(
+            "SELECT dr.dag_id, dr.run_id, ti.pid, ti.start_date FROM dag_run dr "
+            "JOIN task_instance ti ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
+            "WHERE dr.state = 'running' AND ti.pid IS NOT NULL"
+        ).fetchall()
+    processes: dict[tuple[str, str], list[bool]] = {}
+    for dag_id, run_id, pid, start_date in rows:
+        processes.setdefault((dag_id, run_id), []).append(_alive_since(pid, start_date))
+    orphaned = [run for run, alive in processes.items() if not any(alive)]
+    for dag_id, run_id in orphaned:
+        log.warning(
+            "DAG run %s of %s was left running by a killed stratoflow run: %s",
+            run_id,
+            dag_id,
+            _end_dag_run(db, dag_id, run_id),
+        )
+    return [run_id for _, run_id in orphaned]
+
+
+def _alive_since(pid: int, start_date: str | None) -> bool:
+    """Whether process `pid` is alive and is the one that started a task at `start_date`."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        started = process.create_time()
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return False
+    if not start_date:
+        return True
+    task_started = datetime.fromisoformat(start_date).replace(tzinfo=UTC).timestamp()
+    return started <= task_started + 1  # a later process reuses the pid of a dead one
+
+
+def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
+    """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say what."""
+    interrupted = _mark_dag_run_failed(db, dag_id, run_id)
+    said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+    try:
+        from tasks.steps import AirflowRun, clean_up_stopped_run
+
+        ended = clean_up_stopped_run(_pipeline_of(dag_id), AirflowRun(dag_id, run_id))
+    except Exception as error:  # the DB is right already; say what MLflow still shows
+        return (
+            f"{said}; its MLflow run could not be marked KILLED ({type(error).__name__}: {error})"
+        )
+    if not ended:
+        return f"{said}; it had no MLflow run in progress"
+    return f"{said}, MLflow run{'s' if len(ended) > 1 else ''} {', '.join(ended)} marked KILLED"
+
+
+def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:
+    """As Airflow's "mark failed": running task instances failed, unfinished ones skipped.
+
+    Only for a DAG run whose processes are dead: nothing else writes to it any more.
+
+    Returns:
+        The task ids that were running.
+    """
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    key = {"dag_id": dag_id, "run_id": run_id, "now": now}
+    running = ", ".join(f"'{state}'" for state in RUNNING_TI_STATES)
+    finished = ", ".join(f"'{state}'" for state in (*RUNNING_TI_STATES, *FINISHED_TI_STATES))
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as connection, connection:
+        interrupted = [
+            task_id
+            for (task_id,) in connection.execute(
+                f"SELECT task_id FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id "
+                f"AND state IN ({running}) ORDER BY start_date",
+                key,
+            )
+        ]
+        connection.execute(
+            f"UPDATE task_instance SET state = 'failed', end_date = :now, duration = "
+            f"(julianday(:now) - julianday(start_date)) * 86400 WHERE dag_id = :dag_id AND "
+            f"run_id = :run_id AND state IN ({running})",
+            key,
+        )
+        connection.execute(
+            f"UPDATE task_instance SET state = 'skipped', end_date = :now WHERE dag_id = :dag_id "
+            f"AND run_id = :run_id AND (state IS NULL OR state NOT IN ({finished}))",
+            key,
+        )
+        connection.execute(
+            "UPDATE dag_run SET state = 'failed', end_date = :now "
+            "WHERE dag_id = :dag_id AND run_id = :run_id",
+            key,
+        )
+    return interrupted
+
+
+@contextlib.contextmanager
+def _handling(signals: Sequence[int], handler: Any) -> Iterator[None]:
+    """While inside, `handler` handles `signals`; then the previous handlers again. Only the main
+    thread can set handlers (and gets signals): elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, handler) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _pipeline_of(dag_id: str) -> str:
+    for prefix in (names.BENCHMARK_DAG_PREFIX, names.RETRAIN_DAG_PREFIX):
+        if dag_id.startswith(prefix):
+            return dag_id.removeprefix(prefix)
+    return dag_id
+
+
+def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:
+    if not db.is_file():
+        return None
+    with _connect(db) as connection:
+        row = connection.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
+            (dag_id,),
+        ).fetchone()
+    return (row[0], row[1]) if row else None
+
+
+def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[str]:
+    with _connect(db) as connection:
+        rows = connection.execute(
+            "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ? "
+            "AND state IN ('failed', 'upstream_failed') ORDER BY start_date",
+            (dag_id, run_id),
+        ).fetchall()
+    return [f"{task_id} ({state})" for task_id, state in rows]
+
+
+def _connect(db: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+
+
+def _print_summary(pipeline: str, run_id: str) -> int:
+    try:
+        from stratoflow.tracking.reports import describe_dag_run
+
+        summary = describe_dag_run(pipeline, names.retrain_dag_id(pipeline), run_id)
+    except Exception:
+        log.exception("The DAG run %s succeeded, but summarising it failed", run_id)
+        return 1
+    sys.stdout.write(format_summary(pipeline, run_id, summary))
+    return 0
+
+
+def _print_benchmark(pipeline: str, dag_id: str, run: tuple[str, str] | None) -> int:
+    if run is None:
+        return 1
+    try:
+        from tasks.strategy_benchmark import read_comparison
+
+        comparison = read_comparison(pipeline, dag_id, run[0])
+    except Exception:
+        log.exception("Could not read the comparison of benchmark run %s", run[0])
+        return 1
+    if comparison is None:
+        log.error("The benchmark run %s wrote no comparison", run[0])
+        return 1
+    sys.stdout.write(format_benchmark(comparison))
+    return 0 if run[1] == "success" and comparison.get("recommendation") else 1
+
+
+def format_benchmark(comparison: Mapping[str, Any]) -> str:
+    """The text `stratoflow benchmark` prints: the table, failures, recommendation and rule.
+
+    Args:
+        comparison: the `benchmark/comparison.json` a benchmark run logged on its parent run.
+    """
+    from stratoflow.training.strategy_benchmark import TABLE_COLUMNS, cells, first_line
+
+    rows = comparison["strategies"]
+    table = [dict(zip(TABLE_COLUMNS, cells(row), strict=True)) for row in rows]
+    recommendation = comparison.get("recommendation")
+    lines = [
+        "",
+        f"Strategy benchmark of {comparison['pipeline']} ({comparison['epochs']} epochs, seed "
+        f"{comparison['seed']}, threshold val_accuracy >= {comparison['threshold']}), "
+        f"MLflow run {comparison['parent_run_id']}:",
+        "",
+        format_table(table, TABLE_COLUMNS).rstrip("\n"),
+        *(
+            f"  failed: {row['strategy']}: {first_line(row.get('error'))}"
+            for row in rows
+            if row["status"] != "succeeded"
+        ),
+        *(f"  not run: {name}: {why}" for name, why in (comparison.get("not_run") or {}).items()),
+        "",
+        f"Recommended for this host: {recommendation['strategy']}"
+        if recommendation
+        else "No recommendation: no strategy succeeded.",
+        *([f"  why: {recommendation['reason']}."] if recommendation else []),
+        f"  rule: {comparison['rule']}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def format_summary(pipeline: str, run_id: str, summary: Mapping[str, Any]) -> str:
+    """The text `make run` prints after a successful run.
+
+    Args:
+        pipeline: the pipeline name.
+        run_id: the Airflow run id.
+        summary: `stratoflow.tracking.reports.describe_dag_run`'s result.
+    """
+    metrics = summary.get("test_metrics") or {}
+    aliases: Sequence[str] = summary.get("aliases") or []
+    lines = [
+        "",
+        f"Pipeline {pipeline}: DAG run {run_id} succeeded",
+        "  test metrics: "
+        + (", ".join(f"{name}={_number(value)}" for name, value in sorted(metrics.items())) or "-"),
+        f"  MLflow run: {summary.get('mlflow_run_id') or '-'}",
+        f"  registered model: {summary.get('registered_model') or '-'} "
+        f"version {summary.get('version') or '-'} "
+        f"(aliases: {', '.join(aliases) if aliases else 'none'})",
+        *([f"  evaluation gate: {summary['gate']}"] if summary.get("gate") else []),
+        f"  browse it: {summary.get('ui_command') or '-'}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])

@@ -1,0 +1,97 @@
+"""Every name stratoflow shows to the outside world, in one place.
+
+DAG and task ids (the Airflow UI and REST API), asset names, MLflow experiment names, run tags,
+model aliases, metric and artifact names: users, dashboards and scripts depend on them, so each
+is written once here and every other module reads it from here. A name changed here is a
+change users see: the README's "MLflow names" section lists them.
+"""
+
+from __future__ import annotations
+
+# Airflow: DAG ids are a prefix and the pipeline (or dataset) name.
+RETRAIN_DAG_PREFIX = "retrain_"
+BENCHMARK_DAG_PREFIX = "benchmark_strategies_"
+REFRESH_DAG_PREFIX = "refresh_"
+
+# The task ids of a retrain DAG, in order.
+PREPARE_TASK = "prepare_dataset"
+TRAIN_TASK = "train_model"
+EVALUATE_TASK = "evaluate_model"
+REGISTER_TASK = "log_and_register"
+
+# Airflow assets: one per TFDS dataset, `x-tfds://<dataset>` (Airflow's `x-` marks our scheme).
+ASSET_GROUP = "tfds"
+ASSET_URI_SCHEME = "x-tfds"
+
+# MLflow model aliases.
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+
+# MLflow run tags: which Airflow run a run belongs to, and what stratoflow recorded about it.
+DAG_ID_TAG = "airflow.dag_id"
+RUN_ID_TAG = "airflow.run_id"
+TRY_NUMBER_TAG = "airflow.try_number"
+RUN_NAME_TAG = "mlflow.runName"
+PARENT_RUN_TAG = "mlflow.parentRunId"
+MODEL_URI_TAG = "stratoflow.model_uri"
+VERSION_TAG = "stratoflow.registered_version"
+# On a model version: the version an alias pointed to before this one took it (`<prefix><alias>`).
+PREVIOUS_ALIAS_TAG = "stratoflow.previous."
+# Strategy benchmark runs: a parent run per DAG run, a child run per strategy.
+KIND_TAG = "stratoflow.kind"
+BENCHMARK_PARENT_KIND = "strategy_benchmark"
+BENCHMARK_CHILD_KIND = "strategy_benchmark_run"
+BENCHMARK_STRATEGIES_TAG = "stratoflow.benchmark_strategies"
+RECOMMENDED_TAG = "stratoflow.recommended_strategy"
+REASON_TAG = "stratoflow.recommendation_reason"
+ERROR_TAG = "stratoflow.error"
+
+# MLflow metrics logged once per epoch (training runs and strategy benchmark children).
+EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
+
+# MLflow artifacts of a retrain run.
+CONFIG_JSON_ARTIFACT = "config.json"
+CONFIG_YAML_ARTIFACT = "config.yaml"
+ENVIRONMENT_ARTIFACT = "environment.json"
+CURVES_ARTIFACT = "curves.png"
+CONFUSION_MATRIX_ARTIFACT = "confusion_matrix.png"
+PER_CLASS_ARTIFACT = "evaluation/per_class.json"
+TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
+# MLflow artifacts of a strategy benchmark's parent run.
+BENCHMARK_PLAN_ARTIFACT = "benchmark/plan.json"
+BENCHMARK_COMPARISON_ARTIFACT = "benchmark/comparison.json"
+BENCHMARK_MARKDOWN_ARTIFACT = "benchmark/comparison.md"
+BENCHMARK_TABLE_ARTIFACT = "benchmark/comparison_table.json"
+
+# The Params of a strategy benchmark DAG (a retrain DAG's are the `TrainingConfig` fields).
+BENCHMARK_PARAMS = ("epochs", "seed", "strategies", "tolerance")
+
+
+def retrain_dag_id(pipeline: str) -> str:
+    """The retrain DAG of `pipeline`: `retrain_mnist`."""
+    return f"{RETRAIN_DAG_PREFIX}{pipeline}"
+
+
+def benchmark_dag_id(pipeline: str) -> str:
+    """The strategy benchmark DAG of `pipeline`: `benchmark_strategies_mnist`."""
+    return f"{BENCHMARK_DAG_PREFIX}{pipeline}"
+
+
+def refresh_dag_id(dataset: str) -> str:
+    """The DAG refreshing `dataset` and emitting its asset event: `refresh_stratoflow_digits`."""
+    return f"{REFRESH_DAG_PREFIX}{dataset}"
+
+
+def asset_name(dataset: str) -> str:
+    """The asset name of TFDS dataset `dataset`: the dataset name itself."""
+    return dataset
+
+
+def asset_uri(dataset: str) -> str:
+    """The asset URI of TFDS dataset `dataset`, e.g. `x-tfds://stratoflow_digits`."""
+    return f"{ASSET_URI_SCHEME}://{dataset}"
+
+
+def experiment_name(pipeline: str) -> str:
+    """The MLflow experiment of `pipeline`'s retrain and benchmark runs: `stratoflow/mnist`."""
+    return f"stratoflow/{pipeline}"

@@ -1,0 +1,584 @@
+"""Dataset preparation: build (once) or find a versioned TFDS dataset, then read its splits.
+
+`prepare_dataset` is the first step of every pipeline. It returns a `DatasetRef`, a small JSON-able
+record (it travels through XCom) of where the prepared files are, the split expression and size of
+each role, the input shape and classes, and a content fingerprint that is logged with each run.
+`load_split` / `load_arrays` read one role back, in a fixed order, scaled to [0, 1].
+
+stratoflow's own builders (`stratoflow.data.tfds_builders`) read data shipped inside installed
+packages, so
+they build anywhere. Any other registered TFDS dataset works too when it can be downloaded or is
+already prepared in the data dir; when neither holds (an offline machine), preparation fails
+within seconds with instructions, instead of sitting in TFDS's ~3.5-minute download retry loop.
+
+TensorFlow and TFDS are imported inside the functions: importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stratoflow.config import settings
+from stratoflow.config.spec import DatasetSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tensorflow as tf
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("train", "validation", "test")
+PROBE_TIMEOUT_SECONDS = 3.0
+HEARTBEAT_SECONDS = 30.0
+FINGERPRINT_CACHE = ".stratoflow-fingerprint.json"
+_FINGERPRINT_SCHEME = "files+sorted-examples/1"
+_HASH_CHUNK = 1 << 20
+
+
+class DatasetUnavailableError(RuntimeError):
+    """The dataset is not prepared in the data dir and cannot be downloaded from here."""
+
+
+@dataclass
+class DatasetRef:
+    """A prepared dataset, as the downstream steps need it (JSON-able; passed through XCom).
+
+    Attributes:
+        name: the TFDS builder name.
+        version: the prepared version, e.g. "1.0.0".
+        config: the builder config name, or None.
+        data_dir: the TFDS data dir holding the prepared files.
+        splits: role (train / validation / test) → TFDS split expression.
+        split_sizes: role → number of examples.
+        image_shape: the shape of one input example, e.g. [28, 28, 1].
+        num_classes: the number of label classes.
+        class_names: the label names, index = label value.
+        fingerprint: sha256 (hex) over the prepared files' names and contents; identical data
+            gives the same fingerprint, whichever machine or run built it.
+        built: True if this call built the dataset, False if it was already prepared.
+    """
+
+    name: str
+    version: str
+    config: str | None
+    data_dir: str
+    splits: dict[str, str]
+    split_sizes: dict[str, int]
+    image_shape: list[int]
+    num_classes: int
+    class_names: list[str]
+    fingerprint: str
+    built: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ref as plain JSON types (for XCom, MLflow params, files)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DatasetRef:
+        """Rebuild a ref from `to_dict()` output.
+
+        Raises:
+            ValueError: a field is missing or unknown.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        missing = [n for n in names if n not in data and n != "built"]
+        if unknown or missing:
+            raise ValueError(f"not a DatasetRef: unknown keys {unknown}, missing keys {missing}")
+        return cls(
+            name=str(data["name"]),
+            version=str(data["version"]),
+            config=None if data["config"] is None else str(data["config"]),
+            data_dir=str(data["data_dir"]),
+            splits={str(k): str(v) for k, v in data["splits"].items()},
+            split_sizes={str(k): int(v) for k, v in data["split_sizes"].items()},
+            image_shape=[int(d) for d in data["image_shape"]],
+            num_classes=int(data["num_classes"]),
+            class_names=[str(n) for n in data["class_names"]],
+            fingerprint=str(data["fingerprint"]),
+            built=bool(data.get("built", False)),
+        )
+
+
+def prepare_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> DatasetRef:
+    """Build the dataset of `spec` into the data dir if it is not prepared yet, and describe it.
+
+    Works for stratoflow's bundled offline builders and for any registered TFDS dataset. One
+    process builds: an exclusive lock on `<data_dir>/.<name>.prepare.lock` is held around the
+    check-and-build, and the check is repeated once the lock is held, so concurrent callers all
+    succeed and the data is built once.
+
+    Args:
+        spec: the dataset name, version, config and the split expression of each role.
+        data_dir: the TFDS data dir; default `stratoflow.config.settings.data_dir()`
+        ($TFDS_DATA_DIR).
+
+    Returns:
+        The prepared dataset's `DatasetRef`; `built` says whether this call built it.
+
+    Raises:
+        ValueError: unknown TFDS name, version or config; a role without a valid split
+            expression; a dataset without fixed-shape supervised (input, ClassLabel) features.
+        DatasetUnavailableError: not prepared here and its files cannot be downloaded.
+    """
+    import tensorflow_datasets as tfds
+
+    import stratoflow.data.tfds_builders  # noqa: F401  (registers the bundled builders)
+
+    root = Path(data_dir if data_dir is not None else settings.data_dir()).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    label = _label(spec.name, spec.config, spec.version)
+    _check_roles(spec.splits)
+
+    builder = _make_builder(spec.name, spec.config, spec.version, root)
+    built = False
+    if builder.is_prepared():
+        logger.info("dataset %s is already prepared in %s", label, root)
+    else:
+        with _exclusive_lock(root / f".{spec.name}.prepare.lock", label):
+            # Another process may have built it while we waited for the lock.
+            builder = _make_builder(spec.name, spec.config, spec.version, root)
+            if builder.is_prepared():
+                logger.info("dataset %s was prepared by another process meanwhile", label)
+            else:
+                _build(builder, spec, root, tfds)
+                built = True
+                # Fill the fingerprint cache before waiting processes look at it.
+                fingerprint(Path(os.fspath(builder.data_dir)))
+
+    ref = _describe(builder, spec, root, built)
+    logger.info(
+        "dataset %s ready: %s, fingerprint %s%s",
+        label,
+        ", ".join(f"{role} {ref.splits[role]!r} = {n}" for role, n in ref.split_sizes.items()),
+        ref.fingerprint[:12],
+        " (built by this process)" if built else "",
+    )
+    return ref
+
+
+def load_split(ref: DatasetRef | Mapping[str, Any], role: str) -> tf.data.Dataset:
+    """Read one role of a prepared dataset as `(image, label)` pairs, in a fixed order.
+
+    Args:
+        ref: the `DatasetRef` (or its dict) returned by `prepare_dataset`.
+        role: "train", "validation" or "test" (any role in `ref.splits`).
+
+    Returns:
+        An unbatched, unshuffled `tf.data.Dataset` of `(float32 image in [0, 1] with shape
+        ref.image_shape, int64 label)`; the same order on every call and every machine.
+
+    Raises:
+        ValueError: `role` is not in the ref.
+    """
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    import stratoflow.data.tfds_builders  # noqa: F401  (registers the bundled builders)
+
+    ref = _as_ref(ref)
+    if role not in ref.splits:
+        raise ValueError(f"unknown role {role!r}; the dataset ref has: {', '.join(ref.splits)}")
+    builder = _make_builder(ref.name, ref.config, ref.version, Path(ref.data_dir))
+    if not builder.is_prepared():
+        raise DatasetUnavailableError(
+            f"dataset {_label(ref.name, ref.config, ref.version)} is no longer prepared in "
+            f"{ref.data_dir}; run prepare_dataset again"
+        )
+    options = tf.data.Options()
+    options.deterministic = True
+    dataset = builder.as_dataset(
+        split=ref.splits[role],
+        as_supervised=True,
+        shuffle_files=False,
+        read_config=tfds.ReadConfig(options=options, interleave_cycle_length=1),
+    )
+    shape = list(ref.image_shape)
+
+    def scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.ensure_shape(tf.cast(image, tf.float32) / 255.0, shape)
+        return image, tf.cast(label, tf.int64)
+
+    return dataset.map(scale, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def load_arrays(ref: DatasetRef | Mapping[str, Any], role: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read one role into memory: the same values and order as `load_split`.
+
+    Args:
+        ref: the `DatasetRef` (or its dict) returned by `prepare_dataset`.
+        role: "train", "validation" or "test".
+
+    Returns:
+        `(images, labels)`: float32 `(n, *image_shape)` in [0, 1] and int64 `(n,)`.
+    """
+    import numpy as np
+
+    ref = _as_ref(ref)
+    images, labels = [], []
+    for image_batch, label_batch in load_split(ref, role).batch(1024).as_numpy_iterator():
+        images.append(image_batch)
+        labels.append(label_batch)
+    if not images:
+        return np.zeros((0, *ref.image_shape), np.float32), np.zeros((0,), np.int64)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+# --- building -------------------------------------------------------------------------------
+
+
+def _label(name: str, config: str | None, version: str) -> str:
+    return f"{name}{'/' + config if config else ''}:{version}"
+
+
+def _check_roles(splits: Mapping[str, str]) -> None:
+    missing = [role for role in ROLES if role not in splits]
+    if missing:
+        raise ValueError(
+            f"dataset splits lack the role(s) {', '.join(missing)}: got {dict(splits)}"
+        )
+
+
+def _as_ref(ref: DatasetRef | Mapping[str, Any]) -> DatasetRef:
+    return ref if isinstance(ref, DatasetRef) else DatasetRef.from_dict(ref)
+
+
+def _make_builder(name: str, config: str | None, version: str, data_dir: Path) -> Any:
+    import tensorflow_datasets as tfds
+
+    try:
+        return tfds.builder(name, config=config, version=version, data_dir=os.fspath(data_dir))
+    except tfds.core.registered.DatasetNotFoundError as error:
+        hint = re.search(r"Did you mean: .*", str(error))
+        raise ValueError(
+            f"unknown TFDS dataset {name!r}: no builder is registered under that name and "
+            f"{data_dir / name} holds no prepared copy"
+            f"{' (' + hint.group(0).strip() + ')' if hint else ''}; stratoflow's offline "
+            f"datasets are {', '.join(_bundled_names())}"
+        ) from None
+    except (AssertionError, ValueError) as error:
+        # e.g. "cannot be loaded at version 9.9.9, only: 3.0.1" or an unknown BuilderConfig.
+        detail = " ".join(str(error).split())
+        raise ValueError(
+            f"cannot open TFDS dataset {_label(name, config, version)}: {detail[:800]}"
+        ) from error
+
+
+def _bundled_names() -> list[str]:
+    from stratoflow.data.tfds_builders import BUNDLED_BUILDERS
+
+    return sorted(BUNDLED_BUILDERS)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path, label: str) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process preparing %s (lock %s)", label, path)
+            started = time.monotonic()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            logger.info("lock on %s acquired after %.1f s", path, time.monotonic() - started)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(builder: Any, spec: DatasetSpec, data_dir: Path, tfds: Any) -> None:
+    label = _label(spec.name, spec.config, spec.version)
+    unavailable: list[DatasetUnavailableError] = []
+    guard = _DownloadGuard(label, spec, data_dir, unavailable)
+    if not guard.install(builder):
+        # This TFDS has no hook for us: probe the hosts the builder declares, up front.
+        for url in sorted(type(builder).url_infos or {}):
+            guard.check(url)
+
+    logger.info("building dataset %s into %s (pid %d)", label, data_dir, os.getpid())
+    started = time.monotonic()
+    with _heartbeat(f"still building dataset {label}", started):
+        try:
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(try_download_gcs=False)
+            )
+        except Exception as error:
+            if unavailable:
+                raise unavailable[0] from error
+            raise
+    logger.info(
+        "built dataset %s in %.1f s (pid %d)", label, time.monotonic() - started, os.getpid()
+    )
+
+
+class _DownloadGuard:
+    """Checks that a URL's host answers before TFDS starts its long retry loop on it."""
+
+    def __init__(
+        self,
+        label: str,
+        spec: DatasetSpec,
+        data_dir: Path,
+        unavailable: list[DatasetUnavailableError],
+    ) -> None:
+        self.label, self.spec, self.data_dir = label, spec, data_dir
+        self.unavailable = unavailable
+        self.probed: dict[tuple[str, int], str | None] = {}
+
+    def install(self, builder: Any) -> bool:
+        # TFDS 4.9 creates its DownloadManager in `_make_download_manager` and fetches every
+        # uncached URL through the manager's `_download`: checking there skips URLs already in
+        # the download cache (or provided in the manual dir).
+        make_manager = getattr(builder, "_make_download_manager", None)
+        if not callable(make_manager):
+            return False
+
+        def make_guarded_manager(*args: Any, **kwargs: Any) -> Any:
+            manager = make_manager(*args, **kwargs)
+            download = getattr(manager, "_download", None)
+            if callable(download):
+                setattr(manager, "_download", self._wrap(download))  # noqa: B010
+            return manager
+
+        setattr(builder, "_make_download_manager", make_guarded_manager)  # noqa: B010
+        return True
+
+    def _wrap(self, download: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def checked_download(resource: Any) -> Any:
+            self.check(str(getattr(resource, "url", resource)))
+            return download(resource)
+
+        return checked_download
+
+    def check(self, url: str) -> None:
+        target = _probe_target(url)
+        if target is None:
+            return
+        (host, port), via = target
+        if (host, port) not in self.probed:
+            self.probed[(host, port)] = _tcp_probe(host, port)
+        reason = self.probed[(host, port)]
+        if reason is None:
+            return
+        error = DatasetUnavailableError(self._message(url, f"{reason}{via}"))
+        self.unavailable.append(error)
+        raise error
+
+    def _message(self, url: str, reason: str) -> str:
+        name, label, data_dir = self.spec.name, self.label, self.data_dir
+        return (
+            f"TFDS dataset {label} is not prepared in {data_dir} and cannot be downloaded from "
+            f"this machine: {url} is unreachable ({reason}). Either prepare it on a machine "
+            f"with internet access (`tfds build {label} --data_dir DIR`) and copy DIR/{name} to "
+            f"{data_dir / name}; or set TFDS_DATA_DIR to a data dir that already holds "
+            f"{label}; or use one of stratoflow's offline datasets: "
+            f"{', '.join(_bundled_names())}."
+        )
+
+
+def _probe_target(url: str) -> tuple[tuple[str, int], str] | None:
+    """(host, port) a download of `url` connects to first, honouring proxy settings."""
+    parts = urllib.parse.urlsplit(url)
+    defaults = {"http": 80, "https": 443, "ftp": 21}
+    if parts.scheme not in defaults or not parts.hostname:
+        return None  # local paths, gs:// etc. are not fetched over TCP by TFDS's downloader
+    host, port, via = parts.hostname, parts.port or defaults[parts.scheme], ""
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(host):
+        proxy_parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+        if proxy_parts.hostname:
+            host, port = proxy_parts.hostname, proxy_parts.port or 80
+            via = f" via proxy {proxy}"
+    return (host, port), via
+
+
+def _tcp_probe(host: str, port: int, timeout: float = PROBE_TIMEOUT_SECONDS) -> str | None:
+    """None if `host:port` accepts a TCP connection within `timeout`, else why not."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome["error"] = None
+        except OSError as error:
+            outcome["error"] = error
+
+    # A thread bounds the DNS lookup too, which `create_connection`'s timeout does not.
+    thread = threading.Thread(target=connect, name=f"probe-{host}", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    if "error" not in outcome:
+        return f"no answer from {host}:{port} within {timeout:.0f} s"
+    error = outcome["error"]
+    return None if error is None else f"{host}:{port}: {error}"
+
+
+@contextlib.contextmanager
+def _heartbeat(message: str, started: float) -> Iterator[None]:
+    # TFDS reports progress with tqdm bars; a periodic log line shows up in Airflow's task log.
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            logger.info("%s (%.0f s so far)", message, time.monotonic() - started)
+
+    thread = threading.Thread(target=beat, name="dataset-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# --- describing ------------------------------------------------------------------------------
+
+
+def _describe(builder: Any, spec: DatasetSpec, data_dir: Path, built: bool) -> DatasetRef:
+    import tensorflow_datasets as tfds
+
+    info = builder.info
+    label = _label(spec.name, spec.config, spec.version)
+    available = {name: split.num_examples for name, split in info.splits.items()}
+    available_text = ", ".join(f"{name} ({n})" for name, n in available.items())
+    split_sizes: dict[str, int] = {}
+    for role, expression in spec.splits.items():
+        try:
+            size = int(info.splits[expression].num_examples)
+        except Exception as error:  # TFDS raises KeyError/ValueError/AssertionError by case
+            raise ValueError(
+                f"dataset.splits.{role}: {expression!r} is not a valid split expression for "
+                f"{label} ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                f"available splits: {available_text}"
+            ) from None
+        if size == 0:
+            raise ValueError(
+                f"dataset.splits.{role}: {expression!r} selects no examples of {label}; "
+                f"available splits: {available_text}"
+            )
+        split_sizes[role] = size
+
+    if not info.supervised_keys or len(info.supervised_keys) != 2:
+        raise ValueError(f"dataset {label} has no (input, label) supervised keys")
+    input_key, label_key = info.supervised_keys
+    input_feature, label_feature = info.features[input_key], info.features[label_key]
+    shape = tuple(getattr(input_feature, "shape", ()) or ())
+    if not shape or any(dim is None for dim in shape):
+        raise ValueError(
+            f"dataset {label}: input {input_key!r} has shape {shape}; stratoflow needs a fixed "
+            "shape (resize the images in a TFDS config first)"
+        )
+    if not isinstance(label_feature, tfds.features.ClassLabel):
+        raise ValueError(f"dataset {label}: label {label_key!r} is not a ClassLabel")
+
+    variant_dir = Path(os.fspath(builder.data_dir))
+    return DatasetRef(
+        name=spec.name,
+        version=str(builder.version),
+        config=spec.config,
+        data_dir=os.fspath(data_dir),
+        splits=dict(spec.splits),
+        split_sizes=split_sizes,
+        image_shape=[int(dim) for dim in shape],
+        num_classes=int(label_feature.num_classes),
+        class_names=[str(name) for name in label_feature.names],
+        fingerprint=fingerprint(variant_dir),
+        built=built,
+    )
+
+
+def fingerprint(variant_dir: Path) -> str:
+    """sha256 (hex) over the names and contents of every file of a prepared dataset variant.
+
+    TFRecord shards are hashed record by record, each `tf.train.Example` re-serialized with
+    sorted map keys: protobuf writes an Example's feature map in a per-process order, so two
+    builds of identical data give different bytes but the same fingerprint. Other files are
+    hashed byte for byte. The result is cached in `<variant_dir>/.stratoflow-fingerprint.json`,
+    keyed by each file's size and mtime, so a large dataset is hashed once, not on every run.
+
+    Args:
+        variant_dir: the prepared variant's folder, `data_dir/name[/config]/version`.
+
+    Returns:
+        The hex digest; identical data gives the identical digest, whichever process built it.
+    """
+    files = sorted(
+        path
+        for path in variant_dir.rglob("*")
+        if path.is_file() and not path.name.startswith(".stratoflow-")
+    )
+    stats = [[p.relative_to(variant_dir).as_posix(), *_size_mtime(p)] for p in files]
+    cache = variant_dir / FINGERPRINT_CACHE
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        cached = json.loads(cache.read_text())
+        if cached["scheme"] == _FINGERPRINT_SCHEME and cached["files"] == stats:
+            return str(cached["sha256"])
+
+    started = time.monotonic()
+    digest = hashlib.sha256()
+    for path, (relative, _, _) in zip(files, stats, strict=True):
+        digest.update(f"{relative}\0".encode())
+        if ".tfrecord" in path.name:
+            _hash_tfrecord(path, digest)
+        else:
+            _hash_bytes(path, digest)
+    result = digest.hexdigest()
+    logger.info("fingerprinted %s in %.1f s", variant_dir, time.monotonic() - started)
+    # Best effort: a read-only copy of the data dir just recomputes next time.
+    with contextlib.suppress(OSError):
+        temporary = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        record = {"scheme": _FINGERPRINT_SCHEME, "files": stats, "sha256": result}
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, cache)
+    return result
+
+
+def _hash_bytes(path: Path, digest: Any) -> None:
+    digest.update(f"{path.stat().st_size}\0".encode())
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_HASH_CHUNK):
+            digest.update(chunk)
+
+
+def _hash_tfrecord(path: Path, digest: Any) -> None:
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    # TFRecord framing: uint64 length, uint32 crc of length, payload, uint32 crc of payload.
+    with open(path, "rb") as stream:
+        while header := stream.read(12):
+            (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (-1,)
+            payload = stream.read(length) if length >= 0 else b""
+            if length < 0 or len(payload) != length or len(stream.read(4)) != 4:
+                raise ValueError(f"{path} is not a complete TFRecord file")
+            try:
+                canonical = example_pb2.Example.FromString(payload).SerializeToString(
+                    deterministic=True
+                )
+            except DecodeError:
+                canonical = payload  # not an Example: its bytes are all we can hash
+            digest.update(len(canonical).to_bytes(8, "little"))
+            digest.update(canonical)
+
+
+def _size_mtime(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns

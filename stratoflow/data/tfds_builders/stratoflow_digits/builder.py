@@ -1,0 +1,83 @@
+"""`stratoflow_digits`: scikit-learn's 8x8 handwritten digits (1,797 images), built offline.
+
+`sklearn.datasets.load_digits()` reads the copy bundled with scikit-learn (values 0..16); the
+builder stores them as 8x8x1 uint8 images scaled to 0..255, so every image dataset in stratoflow
+shares one encoding and one input scaling (divide by 255).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from stratoflow.data.tfds_builders._progress import split_examples
+from stratoflow.data.tfds_builders._splits import stratified_split
+
+logger = logging.getLogger(__name__)
+
+# Part of version 1.0.0: a different seed puts different digits in each split.
+SPLIT_SEED = 20240502
+NUM_EXAMPLES = 1797
+IMAGE_SHAPE = (8, 8, 1)
+
+
+def load_source() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits: images `(1797, 8, 8, 1)` uint8 in 0..255, labels `(1797,)` int64."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    values = np.asarray(digits.images)
+    if values.shape != (NUM_EXAMPLES, 8, 8) or values.min() < 0 or values.max() > 16:
+        raise ValueError(f"unexpected scikit-learn digits: shape {values.shape}, values 0..16")
+    images = np.rint(values * 255.0 / 16.0).astype(np.uint8).reshape((-1, *IMAGE_SHAPE))
+    return images, np.asarray(digits.target, dtype=np.int64)
+
+
+class StratoflowDigits(tfds.core.GeneratorBasedBuilder):
+    """scikit-learn's 1,797 8x8 digits, scaled to 0..255, split 80/10/10 per class."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {
+        "1.0.0": (
+            "Initial release: sklearn.datasets.load_digits(), 8x8x1 uint8 images scaled "
+            "round(v * 255 / 16), stratified train/validation/test = 80/10/10 % per class, "
+            f"seed {SPLIT_SEED}."
+        ),
+    }
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description=(
+                "scikit-learn's optical recognition of handwritten digits (UCI), 1,797 8x8 "
+                "images scaled from 0..16 to 0..255, split per class into train (80 %), "
+                "validation (10 %) and test (10 %)."
+            ),
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=IMAGE_SHAPE),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                }
+            ),
+            supervised_keys=("image", "label"),
+            homepage="https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html",
+        )
+
+    def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict[str, Any]:
+        del dl_manager  # offline by design: the data ships with scikit-learn
+        images, labels = load_source()
+        logger.info("%s: read %d digits from scikit-learn", self.name, len(labels))
+        return {
+            name: self._generate_examples(name, images, labels, indices)
+            for name, indices in stratified_split(labels.tolist(), SPLIT_SEED).items()
+        }
+
+    def _generate_examples(
+        self, split: str, images: np.ndarray, labels: np.ndarray, indices: list[int]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        # Keyed by the index in load_digits(): stable across builds and library versions.
+        return split_examples(self.name, split, images, labels, indices)

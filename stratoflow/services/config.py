@@ -1,0 +1,214 @@
+"""What each component of the stack is given: its ports, secrets, environment and command line.
+
+`environment()` is the single list of the variables a component gets: the local stack
+(`stratoflow.services.stack`) and `docker-compose.yml` must agree on it, and a test holds them to
+it.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from stratoflow.config import settings
+from stratoflow.services import postgres
+
+POSTGRES = "postgres"
+MLFLOW = "mlflow"
+API_SERVER = "airflow-api-server"
+SCHEDULER = "airflow-scheduler"
+DAG_PROCESSOR = "airflow-dag-processor"
+TRIGGERER = "airflow-triggerer"
+AIRFLOW_COMPONENTS = (API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
+# Start order; `down` stops them in reverse.
+COMPONENTS = (POSTGRES, MLFLOW, *AIRFLOW_COMPONENTS)
+
+HOST = "127.0.0.1"
+ADMIN_USER = "admin"
+# Small on purpose: every task process imports TensorFlow (~0.5 GB) on a small host.
+PARALLELISM = 2
+DATABASES = {"airflow": "airflow", "mlflow": "mlflow"}  # database -> owning role
+
+
+def default_state_dir() -> Path:
+    """Where `stratoflow services up` keeps its stack: `services/` in the stratoflow state dir."""
+    return settings.state_dir() / "services"
+
+
+def new_secrets() -> dict[str, str]:
+    """Fresh passwords and keys for a new stack (kept in its `secrets.json`)."""
+    return {
+        "postgres_superuser_password": secrets.token_urlsafe(24),
+        **{f"postgres_{role}_password": secrets.token_urlsafe(24) for role in DATABASES.values()},
+        "airflow_admin_password": secrets.token_urlsafe(18),
+        "jwt_secret": secrets.token_urlsafe(32),
+        "api_secret_key": secrets.token_urlsafe(32),
+        "fernet_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+    }
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Where a stack lives, its ports and its generated secrets: everything `environment` needs.
+
+    Attributes:
+        state_dir: the stack's folder (PostgreSQL data, Airflow home, artifacts, logs).
+        ports: component -> TCP port on 127.0.0.1 (postgres, mlflow, airflow-api-server).
+        secrets: the generated passwords and keys (see `new_secrets`).
+        data_dir: the TFDS data dir the tasks read and build datasets in.
+    """
+
+    state_dir: Path
+    ports: Mapping[str, int]
+    secrets: Mapping[str, str]
+    data_dir: Path
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.state_dir / "airflow"
+
+    @property
+    def postgres_dir(self) -> Path:
+        return self.state_dir / "postgres"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.state_dir / "mlartifacts"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def passwords_file(self) -> Path:
+        return self.airflow_home / "simple_auth_manager_passwords.json"
+
+    @property
+    def mlflow_uri(self) -> str:
+        """The tracking URI users and tasks log to."""
+        return f"http://{HOST}:{self.ports[MLFLOW]}"
+
+    @property
+    def api_url(self) -> str:
+        """The Airflow API server: REST API v2 under `/api/v2`, tokens at `/auth/token`."""
+        return f"http://{HOST}:{self.ports[API_SERVER]}"
+
+    @property
+    def admin_password(self) -> str:
+        return self.secrets["airflow_admin_password"]
+
+    def database_password(self, database: str) -> str:
+        return self.secrets[f"postgres_{DATABASES[database]}_password"]
+
+    def database_uri(self, database: str, driver: str = "postgresql+psycopg2") -> str:
+        role, password = DATABASES[database], self.database_password(database)
+        return f"{driver}://{role}:{password}@{HOST}:{self.ports[POSTGRES]}/{database}"
+
+
+def environment(component: str, config: StackConfig) -> dict[str, str]:
+    """The environment variables component `component` gets (on top of the inherited ones).
+
+    This is the one list of them: the services here and a compose file must agree on it.
+
+    Args:
+        component: one of `COMPONENTS`.
+        config: the stack's ports, secrets and folders.
+
+    Returns:
+        Variable name -> value.
+    """
+    if component == POSTGRES:
+        return dict(postgres.SERVER_ENVIRONMENT)
+    if component == MLFLOW:
+        return {
+            "MLFLOW_BACKEND_STORE_URI": config.database_uri("mlflow"),
+            "MLFLOW_ARTIFACTS_DESTINATION": str(config.artifacts_dir),
+            # Only loopback Host headers: no DNS rebinding onto this server.
+            "MLFLOW_SERVER_ALLOWED_HOSTS": f"{HOST}:{config.ports[MLFLOW]},"
+            f"localhost:{config.ports[MLFLOW]}",
+            # The job runner alone costs ~1 GB and stratoflow uses no MLflow jobs.
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        }
+    if component not in AIRFLOW_COMPONENTS:
+        raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
+
+    return {
+        "AIRFLOW_HOME": str(config.airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(settings.DAGS_FOLDER),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(PARALLELISM),
+        "AIRFLOW__CORE__FERNET_KEY": config.secrets["fernet_key"],
+        # Tasks report to the API server's execution API, authenticated with JWTs that the
+        # scheduler signs and the API server checks: both need the same secret.
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.api_url}/execution/",
+        "AIRFLOW__API_AUTH__JWT_SECRET": config.secrets["jwt_secret"],
+        "AIRFLOW__CORE__AUTH_MANAGER": (
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+        ),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.passwords_file),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": config.database_uri("airflow"),
+        "AIRFLOW__API__HOST": HOST,
+        "AIRFLOW__API__PORT": str(config.ports[API_SERVER]),
+        "AIRFLOW__API__BASE_URL": config.api_url,
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": config.secrets["api_secret_key"],
+        "AIRFLOW__API__EXPOSE_CONFIG": "False",
+        # The tasks' stores: the stack's MLflow server, datasets and run folders.
+        settings.STATE_DIR_ENV: str(config.state_dir),
+        settings.TRACKING_URI_ENV: config.mlflow_uri,
+        settings.DATA_DIR_ENV: str(config.data_dir),
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "PYTHONPATH": str(settings.PROJECT_ROOT),
+    }
+
+
+def environment_names(component: str) -> list[str]:
+    """The names of the variables `environment` sets for `component` (a compose file's too)."""
+    placeholder = StackConfig(
+        state_dir=Path("/srv/stratoflow"),
+        ports={POSTGRES: 5432, MLFLOW: 5000, API_SERVER: 8080},
+        secrets=dict.fromkeys(new_secrets(), "placeholder"),
+        data_dir=Path("/srv/stratoflow/tensorflow_datasets"),
+    )
+    return sorted(environment(component, placeholder))
+
+
+def command(component: str, config: StackConfig) -> list[str]:
+    """The command line of a long-running component (secrets travel in `environment`)."""
+    if component == POSTGRES:
+        return postgres.server_command(config.postgres_dir, HOST, config.ports[POSTGRES])
+    if component == MLFLOW:
+        return [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            HOST,
+            "--port",
+            str(config.ports[MLFLOW]),
+            "--workers",
+            "1",
+            "--serve-artifacts",
+        ]
+    airflow = [sys.executable, "-m", "airflow"]
+    if component == API_SERVER:
+        return [*airflow, "api-server", "--host", HOST, "--port", str(config.ports[API_SERVER])]
+    if component == SCHEDULER:
+        # Tasks run on this host and write their logs where the API server reads them.
+        return [*airflow, "scheduler", "--skip-serve-logs"]
+    if component == DAG_PROCESSOR:
+        return [*airflow, "dag-processor"]
+    if component == TRIGGERER:
+        return [*airflow, "triggerer", "--skip-serve-logs"]
+    raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")

@@ -1,0 +1,462 @@
+"""A stack in a state folder: start it, stop it, restart one component, measure it.
+
+The components (`stratoflow.services.config`) start in order: PostgreSQL, then MLflow's server
+and Airflow's DB migration side by side, then the four Airflow components. A stack started
+with `attached=True` (the test fixtures) dies with the process that started it;
+`attached=False` (the command line) leaves it running until `stratoflow services down`, which
+finds its processes again through `services.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stratoflow.config import names, settings
+from stratoflow.distributed.cluster import free_ports
+from stratoflow.distributed.launcher import die_with_parent
+from stratoflow.services import postgres
+from stratoflow.services.config import (
+    ADMIN_USER,
+    AIRFLOW_COMPONENTS,
+    API_SERVER,
+    COMPONENTS,
+    DAG_PROCESSOR,
+    DATABASES,
+    HOST,
+    MLFLOW,
+    POSTGRES,
+    SCHEDULER,
+    StackConfig,
+    command,
+    environment,
+    new_secrets,
+)
+from stratoflow.services.errors import ServiceError
+from stratoflow.services.processes import (
+    ManagedProcess,
+    http_problem,
+    tail,
+    terminate_group,
+    write_private,
+)
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_SECONDS = 300.0
+STOP_TIMEOUT_SECONDS = 30.0
+RETIRED_GRACE_SECONDS = 3.0
+STATE_FILE = "services.json"
+SECRETS_FILE = "secrets.json"
+
+
+@dataclass
+class StartReport:
+    """What `Stack.up` measured.
+
+    Attributes:
+        seconds_to_healthy: from the call to every component answering its health check.
+        seconds_per_component: PostgreSQL's start, then the Airflow DB migration, MLflow and
+            Airflow, each counted from PostgreSQL being ready (they start in parallel).
+        rss_mb: the sum of the resident memory of every process of the stack.
+        pss_mb: the same with shared pages split between their processes (None if unreadable).
+        processes: how many processes the stack runs.
+    """
+
+    seconds_to_healthy: float
+    seconds_per_component: dict[str, float]
+    rss_mb: float
+    pss_mb: float | None
+    processes: int
+
+    def describe(self) -> str:
+        pss = f", PSS {self.pss_mb:.0f} MB" if self.pss_mb is not None else ""
+        phases = dict(self.seconds_per_component)
+        first = f"postgres {phases.pop(POSTGRES, 0):.1f} s"
+        parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in phases.items())
+        return (
+            f"stack healthy in {self.seconds_to_healthy:.1f} s ({first}; then, in parallel, "
+            f"ready after: {parts}); "
+            f"{self.processes} processes, RSS {self.rss_mb:.0f} MB{pss}"
+        )
+
+
+class Stack:
+    """A stack in a state folder: start it, stop it, restart one component, measure it.
+
+    Args:
+        state_dir: the stack's folder (created on `up`).
+        attached: the components die with this process (tests) instead of outliving it (CLI).
+        data_dir: the TFDS data dir of the tasks; `stratoflow.config.settings.data_dir()` by
+        default.
+    """
+
+    def __init__(self, state_dir: Path, *, attached: bool = True, data_dir: Path | None = None):
+        self.state_dir = Path(state_dir).resolve()
+        self.attached = attached
+        self._data_dir = data_dir
+        self.config: StackConfig | None = None
+        self.processes: dict[str, ManagedProcess] = {}
+        # Process groups of components that were restarted (their leftovers are stopped too).
+        self.retired: list[ManagedProcess] = []
+        if (self.state_dir / STATE_FILE).is_file():
+            self._load_state()
+
+    # ----- lifecycle -------------------------------------------------------------------------
+
+    def up(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> StartReport:
+        """Start every component and wait until each is healthy.
+
+        Raises:
+            ServiceError: the stack already runs, or a component did not become healthy in
+                time (the message quotes its log); whatever started is stopped again.
+        """
+        running = self.running()
+        if running:
+            raise ServiceError(
+                f"the stack in {self.state_dir} is already running ({', '.join(running)}); "
+                "stop it first with `stratoflow services down`"
+            )
+        started = time.monotonic()
+        deadline = started + timeout_seconds
+        timings: dict[str, float] = {}
+        self.processes, self.retired = {}, []
+        self.config = self._prepare_config()
+        try:
+            self._start_postgres(deadline)
+            timings[POSTGRES] = time.monotonic() - started
+            mark = time.monotonic()
+            # MLflow migrates its store while Airflow migrates its metadata DB.
+            self.start_component(MLFLOW)
+            self._migrate_airflow_db(deadline)
+            timings["airflow-db-migrate"] = time.monotonic() - mark
+            self._write_passwords_file()
+            for component in AIRFLOW_COMPONENTS:
+                self.start_component(component)
+            self.wait_healthy(MLFLOW, deadline)
+            timings[MLFLOW] = time.monotonic() - mark
+            self.wait_healthy(API_SERVER, deadline)
+            timings["airflow"] = time.monotonic() - mark
+        except BaseException:
+            self.down()
+            raise
+        seconds = time.monotonic() - started
+        rss, pss, count = self.memory()
+        report = StartReport(seconds, timings, rss, pss, count)
+        log.info("%s", report.describe())
+        return report
+
+    def down(self) -> None:
+        """Stop every component (reverse start order): SIGTERM, then SIGKILL after a grace period.
+
+        PostgreSQL gets a fast shutdown (`pg_ctl stop -m fast`). Idempotent.
+        """
+        for process in self.retired:
+            # What a killed component left behind (e.g. idle executor workers): no grace.
+            terminate_group(process, "leftovers", RETIRED_GRACE_SECONDS)
+        self.retired = []
+        for component in reversed(COMPONENTS):
+            if component in self.processes:
+                self.stop_component(component)
+        self._save_state()
+
+    def start_component(self, component: str) -> None:
+        """Start one component (again); its output is appended to `logs/<component>.log`."""
+        config = self._require_config()
+        config.logs_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **environment(component, config)}
+        with open(config.logs_dir / f"{component}.log", "ab") as log_file:
+            popen = subprocess.Popen(
+                command(component, config),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(config.postgres_dir if component == POSTGRES else config.state_dir),
+                # Its own process group, so stopping it stops its children too.
+                start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM) if self.attached else None,
+                **(postgres.as_server_user() if component == POSTGRES else {}),
+            )
+        self.processes[component] = ManagedProcess.started(popen)
+        self._save_state()
+        log.info("%s started (pid %d)", component, popen.pid)
+
+    def stop_component(self, component: str, *, kill: bool = False) -> None:
+        """Stop one component: gracefully, or with SIGKILL to its main process if `kill`.
+
+        A killed component's process group is remembered, so `down` stops what it left behind.
+        """
+        process = self.processes.pop(component, None)
+        if process is None:
+            return
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGKILL)
+            if process.popen is not None:
+                process.popen.wait()
+            self.retired.append(process)
+        elif component == POSTGRES:
+            self._stop_postgres(process)
+        else:
+            terminate_group(process, component, STOP_TIMEOUT_SECONDS)
+        self._save_state()
+        log.info("%s stopped", component)
+
+    def running(self) -> list[str]:
+        """The components whose process is alive."""
+        return [name for name, process in self.processes.items() if process.is_alive()]
+
+    # ----- health ----------------------------------------------------------------------------
+
+    def wait_healthy(self, component: str, deadline: float) -> None:
+        """Wait until `component` answers its health check.
+
+        Raises:
+            ServiceError: it exited, or is not healthy by `deadline`; the message quotes the
+                last lines of its log.
+        """
+        check = self._health_checks()[component]
+        last_problem = "no answer yet"
+        while True:
+            process = self.processes.get(component)
+            if process is None or not process.is_alive():
+                raise self._failure(component, "exited during start-up")
+            problem = check()
+            if problem is None:
+                return
+            last_problem = problem
+            if time.monotonic() > deadline:
+                raise self._failure(component, f"was not healthy in time ({last_problem})")
+            time.sleep(0.5)
+
+    def _health_checks(self) -> dict[str, Callable[[], str | None]]:
+        config = self._require_config()
+        return {
+            POSTGRES: lambda: postgres.readiness_problem(HOST, config.ports[POSTGRES]),
+            MLFLOW: lambda: http_problem(f"{config.mlflow_uri}/health", lambda body: None),
+            API_SERVER: lambda: http_problem(
+                f"{config.api_url}/api/v2/monitor/health", airflow_health_problem
+            ),
+        }
+
+    def _failure(self, component: str, what: str) -> ServiceError:
+        config = self._require_config()
+        path = config.logs_dir / f"{component}.log"
+        last = tail(path)
+        if component == POSTGRES:
+            last = last or tail(config.postgres_dir / "postgres.log")
+        return ServiceError(f"{component} {what}. Last lines of {path}:\n{last or '(empty)'}")
+
+    # ----- measurements ----------------------------------------------------------------------
+
+    def pids(self) -> dict[str, list[int]]:
+        """component -> the PIDs of its process and all its descendants."""
+        import psutil
+
+        tree: dict[str, list[int]] = {}
+        for component, process in self.processes.items():
+            try:
+                root = psutil.Process(process.pid)
+                tree[component] = [root.pid, *(c.pid for c in root.children(recursive=True))]
+            except psutil.NoSuchProcess:
+                tree[component] = []
+        return tree
+
+    def memory(self) -> tuple[float, float | None, int]:
+        """The stack's memory: (sum of RSS in MB, sum of PSS in MB or None, process count).
+
+        RSS counts shared pages once per process, PSS splits them between the processes that
+        share them, so the PSS sum is what the stack really occupies.
+        """
+        import psutil
+
+        rss = pss = 0.0
+        pss_known = True
+        count = 0
+        for pids in self.pids().values():
+            for pid in pids:
+                try:
+                    process = psutil.Process(pid)
+                    rss += process.memory_info().rss
+                    try:
+                        pss += process.memory_full_info().pss
+                    except (psutil.AccessDenied, AttributeError):
+                        pss_known = False
+                    count += 1
+                except psutil.NoSuchProcess:
+                    continue
+        mb = 1024 * 1024
+        return rss / mb, (pss / mb if pss_known else None), count
+
+    # ----- PostgreSQL ------------------------------------------------------------------------
+
+    def _start_postgres(self, deadline: float) -> None:
+        config = self._require_config()
+        if not postgres.is_initialised(config.postgres_dir):
+            postgres.initdb(config.postgres_dir, config.secrets["postgres_superuser_password"])
+        self.start_component(POSTGRES)
+        self.wait_healthy(POSTGRES, deadline)
+        postgres.create_databases(
+            HOST,
+            config.ports[POSTGRES],
+            config.secrets["postgres_superuser_password"],
+            {db: (role, config.database_password(db)) for db, role in DATABASES.items()},
+        )
+
+    def _stop_postgres(self, process: ManagedProcess) -> None:
+        postgres.fast_stop(self._require_config().postgres_dir, STOP_TIMEOUT_SECONDS)
+        terminate_group(process, POSTGRES, STOP_TIMEOUT_SECONDS)
+
+    # ----- Airflow ---------------------------------------------------------------------------
+
+    def _migrate_airflow_db(self, deadline: float) -> None:
+        from stratoflow.services.airflow_setup import AirflowSetupError, ensure_airflow_db
+
+        config = self._require_config()
+        env = {**os.environ, **environment(SCHEDULER, config)}
+        try:
+            ensure_airflow_db(config.airflow_home, env, timeout=max(deadline - time.monotonic(), 1))
+        except AirflowSetupError as error:
+            raise ServiceError(f"Airflow's metadata DB could not be migrated: {error}") from None
+
+    def _write_passwords_file(self) -> None:
+        config = self._require_config()
+        config.passwords_file.parent.mkdir(parents=True, exist_ok=True)
+        write_private(config.passwords_file, {ADMIN_USER: config.admin_password})
+
+    # ----- state -----------------------------------------------------------------------------
+
+    def _prepare_config(self) -> StackConfig:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # Others may pass through to postgres/ (owned by the postgres user) but not list or
+        # read anything here.
+        self.state_dir.chmod(0o711)
+        secrets_path = self.state_dir / SECRETS_FILE
+        if secrets_path.is_file():
+            stack_secrets = json.loads(secrets_path.read_text())
+        else:
+            stack_secrets = new_secrets()
+            write_private(secrets_path, stack_secrets)
+        ports = dict(zip((POSTGRES, MLFLOW, API_SERVER), free_ports(3), strict=True))
+        config = StackConfig(
+            state_dir=self.state_dir,
+            ports=ports,
+            secrets=stack_secrets,
+            data_dir=(self._data_dir or settings.data_dir()).resolve(),
+        )
+        for folder in (config.airflow_home, config.artifacts_dir, config.logs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        return config
+
+    def _require_config(self) -> StackConfig:
+        if self.config is None:
+            raise ServiceError(f"no stack was started in {self.state_dir}")
+        return self.config
+
+    def _save_state(self) -> None:
+        if self.config is None:
+            return
+        state = {
+            "ports": dict(self.config.ports),
+            "data_dir": str(self.config.data_dir),
+            "processes": {name: p.to_dict() for name, p in self.processes.items()},
+            "retired": [p.to_dict() for p in self.retired],
+        }
+        write_private(self.state_dir / STATE_FILE, state)
+
+    def _load_state(self) -> None:
+        state = json.loads((self.state_dir / STATE_FILE).read_text())
+        self.config = StackConfig(
+            state_dir=self.state_dir,
+            ports=state["ports"],
+            secrets=json.loads((self.state_dir / SECRETS_FILE).read_text()),
+            data_dir=Path(state["data_dir"]),
+        )
+        self.processes = {
+            name: ManagedProcess.from_dict(p) for name, p in state["processes"].items()
+        }
+        self.retired = [ManagedProcess.from_dict(p) for p in state.get("retired", [])]
+
+
+def wait_for_dags(stack: Stack, timeout_seconds: float = 180.0) -> float:
+    """Wait until the API lists every DAG of this repo (parsed by the dag-processor).
+
+    Returns:
+        The seconds waited.
+
+    Raises:
+        ServiceError: some DAG is still unknown after `timeout_seconds`.
+    """
+    from stratoflow.config.assets import datasets_in_use
+    from stratoflow.config.spec import list_pipelines
+    from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
+
+    config = stack._require_config()
+    expected = {names.retrain_dag_id(p) for p in list_pipelines()}
+    expected |= {names.refresh_dag_id(d) for d in datasets_in_use()}
+    api = AirflowApi(config.api_url, ADMIN_USER, config.admin_password)
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                answer = api.request("GET", "/api/v2/dags", params={"limit": 100})
+            except AirflowApiError as error:
+                raise ServiceError(f"the Airflow API refused to list DAGs: {error}") from None
+            missing = expected - {dag["dag_id"] for dag in answer["dags"]}
+            if not missing:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_seconds:
+                raise stack._failure(
+                    DAG_PROCESSOR,
+                    f"has not parsed {', '.join(sorted(missing))} in {timeout_seconds:.0f} s",
+                )
+            time.sleep(1)
+    finally:
+        api.close()
+
+
+def describe(stack: Stack, report: StartReport | None = None, dags_seconds: float = 0) -> str:
+    """What `stratoflow services up|status` prints: where everything is and how to use it."""
+    if stack.config is None:
+        return f"no stack in {stack.state_dir}\n"
+    config = stack.config
+    running = stack.running()
+    lines = [f"stack in {stack.state_dir}: {len(running)}/{len(COMPONENTS)} components running"]
+    if report is not None:
+        lines.append(f"  {report.describe()}; DAGs parsed {dags_seconds:.1f} s later")
+    elif running:
+        rss, pss, count = stack.memory()
+        pss_text = f", PSS {pss:.0f} MB" if pss is not None else ""
+        lines.append(f"  {count} processes, RSS {rss:.0f} MB{pss_text}")
+    lines += [
+        f"  Airflow UI and REST API: {config.api_url}  (user {ADMIN_USER}, password: "
+        f"airflow_admin_password in {stack.state_dir / SECRETS_FILE})",
+        f"  MLflow tracking server:  {config.mlflow_uri}",
+        f"  PostgreSQL:              {HOST}:{config.ports[POSTGRES]} (databases "
+        f"{', '.join(DATABASES)})",
+        f"  logs: {config.logs_dir}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def airflow_health_problem(body: Any) -> str | None:
+    """Why Airflow's `/api/v2/monitor/health` answer is not all healthy, or None."""
+    parts = ("metadatabase", "scheduler", "dag_processor", "triggerer")
+    unhealthy = [
+        f"{part}: {(body.get(part) or {}).get('status')}"
+        for part in parts
+        if (body.get(part) or {}).get("status") != "healthy"
+    ]
+    return "; ".join(unhealthy) or None

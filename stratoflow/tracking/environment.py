@@ -1,0 +1,83 @@
+"""What a run trained on: versions, host, devices, cluster and strategy (`environment.json`).
+
+Collected by the training process itself (the chief), after training, so the devices are the ones
+TensorFlow actually saw and the replicas the ones the strategy actually had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+from importlib import metadata
+from typing import Any
+
+# Distribution names whose versions a run records (a missing one is recorded as null).
+PACKAGES = (
+    "tensorflow-cpu",
+    "tensorflow",
+    "keras",
+    "mlflow",
+    "apache-airflow",
+    "tensorflow-datasets",
+    "numpy",
+)
+
+
+def describe(result: dict[str, Any]) -> dict[str, Any]:
+    """The environment of this training process, for the run's `environment.json`.
+
+    Args:
+        result: the training result (`stratoflow.training.trainer.TrainingResult` as a dict):
+        strategy,
+            loop, replicas, workers and global batch size as they ran.
+
+    Returns:
+        JSON-able: `strategy`, `loop`, `num_replicas`, `num_workers`, `global_batch_size`,
+        `versions` (Python and the packages above), `host` (name, platform, CPU count, CPUs this
+        process may use, memory), `devices` (physical and logical, as TensorFlow lists them) and
+        `cluster` (workers, ps, the TF_CONFIG jobs with their addresses and this process's
+        task; no jobs for a single-process strategy).
+    """
+    import psutil
+    import tensorflow as tf
+
+    tf_config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    jobs = tf_config.get("cluster", {})
+    return {
+        "strategy": result["strategy"],
+        "loop": result["loop"],
+        "num_replicas": result["num_replicas"],
+        "num_workers": result["num_workers"],
+        "global_batch_size": result["global_batch_size"],
+        "versions": {
+            "python": platform.python_version(),
+            "tensorflow (runtime)": tf.__version__,
+            **{name: _version(name) for name in PACKAGES},
+        },
+        "host": {
+            "hostname": socket.gethostname(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "cpus_available": len(os.sched_getaffinity(0)),
+            "memory_mb": round(psutil.virtual_memory().total / 2**20),
+        },
+        "devices": {
+            "physical": [device.name for device in tf.config.list_physical_devices()],
+            "logical": [device.name for device in tf.config.list_logical_devices()],
+        },
+        "cluster": {
+            "jobs": jobs,
+            "workers": result["num_workers"],
+            "ps": len(jobs.get("ps", [])),
+            "task": tf_config.get("task"),
+        },
+    }
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None

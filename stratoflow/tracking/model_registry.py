@@ -1,0 +1,195 @@
+"""The model registry step: log the trained model to the run, add a version, move aliases.
+
+Idempotent per DAG run (a retried task reuses the logged model and the version it finds by run
+id) and all-or-nothing: if anything fails after a version was created, the version is deleted and
+the aliases are put back where they were. Each version remembers, in tags, where the aliases it
+took pointed before, so a run that fails later (in a later task, or for good after retries) and
+has its version deleted puts `champion` back on the previous champion instead of leaving none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stratoflow.config import names
+from stratoflow.tracking import mlflow_runs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RegistrationResult:
+    registered_model: str
+    version: str
+    model_uri: str
+    aliases: list[str]
+    promoted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def find_version_of_run(mlflow_client: Any, model_name: str, run_id: str) -> Any | None:
+    versions = mlflow_client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    return versions[0] if versions else None
+
+
+def log_model(run_id: str, model_path: str, input_example: Any) -> str:
+    """Log the Keras model (mlflow.keras flavor, signature, input example) once per run."""
+    import keras
+    import mlflow
+    import tensorflow as tf
+    from mlflow.models import infer_signature
+
+    mlflow_client = mlflow_runs.client()
+    existing = mlflow_client.get_run(run_id).data.tags.get(names.MODEL_URI_TAG)
+    if existing:
+        logger.info("model already logged for run %s: %s", run_id, existing)
+        return str(existing)
+    model = keras.models.load_model(model_path)
+    signature = infer_signature(input_example, model.predict(input_example, verbose=0))
+    requirements = [
+        f"tensorflow-cpu=={tf.__version__}",
+        f"keras=={keras.__version__}",
+        f"mlflow=={mlflow.__version__}",
+    ]
+    # An explicit `pip_requirements` skips MLflow's 15-30 s requirement inference.
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.models.Model.log(
+            artifact_path=None,
+            name="model",
+            flavor=_keras_flavor(),
+            model=model,
+            signature=signature,
+            input_example=input_example,
+            pip_requirements=requirements,
+        )
+    mlflow_client.update_run(run_id, status="RUNNING")  # the run ends with the DAG run, not here
+    mlflow_client.set_tag(run_id, names.MODEL_URI_TAG, info.model_uri)
+    return str(info.model_uri)
+
+
+def _keras_flavor() -> Any:
+    """`mlflow.keras`, with the model folder created before the input example is written to it.
+
+    MLflow 3.17's keras `save_model` writes `input_example.json` before it creates the folder, so
+    `mlflow.keras.log_model(..., input_example=...)` fails with FileNotFoundError. The model is
+    still saved by `mlflow.keras.save_model` and carries the `keras` flavor.
+    """
+    import mlflow.keras
+
+    def save_model(path: str, **kwargs: Any) -> None:
+        os.makedirs(path, exist_ok=True)
+        mlflow.keras.save_model(path=path, **kwargs)
+
+    return types.SimpleNamespace(__name__="mlflow.keras", save_model=save_model)
+
+
+def register(
+    model_name: str,
+    run_id: str,
+    model_uri: str,
+    promote: bool,
+    tags: dict[str, str],
+) -> RegistrationResult:
+    """Add (or find) this run's version of `model_name`; alias it challenger, champion if `promote`.
+
+    Raises:
+        Exception: whatever failed; a version created by this call is deleted first and the
+            aliases restored.
+    """
+    import mlflow
+
+    mlflow_client = mlflow_runs.client()
+    previous_aliases = alias_targets(mlflow_client, model_name)
+    existing = find_version_of_run(mlflow_client, model_name, run_id)
+    created = existing is None
+    version = existing or mlflow.register_model(model_uri, model_name, tags=tags)
+    if created:
+        logger.info("registered %s version %s", model_name, version.version)
+    moving = [names.CHALLENGER, *([names.CHAMPION] if promote else [])]
+    try:
+        for alias in moving:
+            previous = previous_aliases.get(alias, "")
+            if previous != str(version.version):  # a retry finds its own version there already
+                mlflow_client.set_model_version_tag(
+                    model_name, version.version, names.PREVIOUS_ALIAS_TAG + alias, previous
+                )
+            mlflow_client.set_registered_model_alias(model_name, alias, version.version)
+        mlflow_client.set_tag(run_id, names.VERSION_TAG, version.version)
+    except Exception:
+        if created:
+            _roll_back(mlflow_client, model_name, version.version, previous_aliases)
+        raise
+    aliases = mlflow_client.get_model_version(model_name, version.version).aliases
+    return RegistrationResult(
+        registered_model=model_name,
+        version=str(version.version),
+        model_uri=model_uri,
+        aliases=sorted(aliases),
+        promoted=promote,
+    )
+
+
+def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:
+    """Remove every version a (failed) run registered and give its aliases back.
+
+    An alias the deleted version held goes back to the version it named before (recorded by
+    `register`), if that version still exists; so a run that was promoted and then failed leaves
+    the previous champion serving, not a model without a champion.
+
+    Returns:
+        The deleted version numbers.
+    """
+    mlflow_client = mlflow_runs.client()
+    try:
+        versions = mlflow_client.search_model_versions(
+            f"name = '{model_name}' and run_id = '{run_id}'"
+        )
+    except Exception:
+        return []
+    for version in versions:
+        number = str(version.version)
+        held = [a for a, v in alias_targets(mlflow_client, model_name).items() if v == number]
+        tags = mlflow_client.get_model_version(model_name, number).tags
+        mlflow_client.delete_model_version(model_name, number)
+        logger.info("deleted %s version %s of failed run %s", model_name, number, run_id)
+        for alias in held:
+            _give_back(mlflow_client, model_name, alias, tags.get(names.PREVIOUS_ALIAS_TAG + alias))
+    return [str(version.version) for version in versions]
+
+
+def _give_back(mlflow_client: Any, model_name: str, alias: str, previous: str | None) -> None:
+    if not previous:
+        return  # the alias named no version before: it stays unset
+    try:
+        mlflow_client.get_model_version(model_name, previous)
+    except Exception:
+        logger.warning(
+            "%s: %s cannot go back to version %s, which is gone", model_name, alias, previous
+        )
+        return
+    mlflow_client.set_registered_model_alias(model_name, alias, previous)
+    logger.info("%s: %s is version %s again", model_name, alias, previous)
+
+
+def alias_targets(mlflow_client: Any, model_name: str) -> dict[str, str]:
+    """Alias → version number (as a string) of a registered model; empty if it does not exist."""
+    try:
+        aliases = mlflow_client.get_registered_model(model_name).aliases
+    except Exception:  # the model does not exist yet
+        return {}
+    return {alias: str(version) for alias, version in aliases.items()}
+
+
+def _roll_back(
+    mlflow_client: Any, model_name: str, version: str, previous_aliases: dict[str, str]
+) -> None:
+    logger.warning("rolling back %s version %s", model_name, version)
+    mlflow_client.delete_model_version(model_name, version)
+    for alias, target in previous_aliases.items():
+        mlflow_client.set_registered_model_alias(model_name, alias, target)

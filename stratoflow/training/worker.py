@@ -1,0 +1,82 @@
+"""Entry point of a training process: `python -m stratoflow.training.worker PAYLOAD RESULT`.
+
+Started by `stratoflow.distributed.launcher`; the payload carries the resolved config, the dataset
+reference, the
+run folder and the MLflow run to stream per-epoch metrics into. Devices are configured before
+TensorFlow runs any op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stratoflow.config import names
+
+
+def main(payload_path: str, result_path: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout
+    )
+    payload = json.loads(Path(payload_path).read_text())
+
+    from stratoflow.config.spec import parse_spec
+    from stratoflow.training.strategies import configure_host_devices, required_logical_cpus
+
+    spec = parse_spec(payload["pipeline"], payload["config"])
+    configure_host_devices(required_logical_cpus(spec.training))
+
+    from stratoflow.data.datasets import DatasetRef
+    from stratoflow.distributed.cluster import this_process_is_chief
+    from stratoflow.tracking import environment, mlflow_runs, system_metrics
+    from stratoflow.training import trainer
+    from stratoflow.training.progress import EpochProgress
+
+    run_dir = Path(payload["run_dir"])
+    tracking_uri, run_id = payload["tracking_uri"], payload["mlflow_run_id"]
+    chief = this_process_is_chief()
+    on_epoch_end: list[Callable[[Any], None]] = []
+    sampling: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if chief:  # only the chief talks to MLflow
+        epoch_logger = mlflow_runs.EpochLogger(tracking_uri, run_id)
+        # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
+        epoch_logger.log_missing(trainer.read_history(run_dir))
+        on_epoch_end = [EpochProgress(spec.training.epochs), epoch_logger]
+        sampling = system_metrics.sampled_into(tracking_uri, run_id)
+    with sampling:
+        result = trainer.train(
+            spec,
+            DatasetRef.from_dict(payload["dataset"]),
+            run_dir,
+            on_epoch_end=_all_of(on_epoch_end) if on_epoch_end else None,
+        ).to_dict()
+    if chief:
+        described = environment.describe(result)
+        mlflow_runs.client(tracking_uri).log_dict(run_id, described, names.ENVIRONMENT_ARTIFACT)
+    Path(result_path).write_text(json.dumps(result))
+    # The process exits next: its last garbage collection need not walk TensorFlow's heap (~2.5 s).
+    gc.freeze()
+
+
+def _all_of(callbacks: list[Callable[[Any], None]]) -> Callable[[Any], None]:
+    def on_epoch_end(metrics: Any) -> None:
+        for callback in callbacks:
+            callback(metrics)
+
+    return on_epoch_end
+
+
+if __name__ == "__main__":
+    try:
+        main(*sys.argv[1:3])
+    except Exception as error:
+        # A Python-level failure: hand the message to the launcher, which raises it in the task.
+        logging.getLogger(__name__).exception("training failed")
+        Path(sys.argv[2]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        sys.exit(2)

@@ -1,5 +1,0 @@
-"""TFDS builder `stratoflow_digits` (importing it registers the builder)."""
-
-from tasks.tfds_builders.stratoflow_digits.builder import StratoflowDigits
-
-__all__ = ["StratoflowDigits"]

@@ -1,5 +1,0 @@
-"""TFDS builder `stratoflow_mnist5k` (importing it registers the builder)."""
-
-from tasks.tfds_builders.stratoflow_mnist5k.builder import StratoflowMnist5k
-
-__all__ = ["StratoflowMnist5k"]
