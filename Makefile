@@ -59,6 +59,7 @@ services-stop: $(INSTALLED)
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The local state of `make run`: Airflow home and metadata DB, MLflow store, TFDS data, run dirs.
 clean-state:

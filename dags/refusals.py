@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from stratoflow.config.spec import SpecError
+from stratoflow.config.parsing import SpecError
 
 Body = TypeVar("Body", bound=Callable[..., Any])
 

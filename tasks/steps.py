@@ -12,12 +12,13 @@ import functools
 import gc
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from stratoflow.config import names, settings
-from stratoflow.config.spec import PipelineSpec, SpecError, TrainingConfig, load_spec, override_spec
+from stratoflow.config.spec import PipelineSpec, load_spec
+from stratoflow.training.validation import resolve_run
 
 logger = logging.getLogger(__name__)
 
@@ -72,22 +73,7 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     Raises:
         SpecError: an unknown Param or an invalid value or combination (named in the message).
     """
-    spec = load_spec(pipeline)
-    allowed = {f.name for f in fields(TrainingConfig)}
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise SpecError(
-            f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}"
-        )
-    overrides = dict(params)
-    strategy = overrides.get("strategy", spec.training.strategy)
-    if (
-        strategy == "parameter_server"
-        and not overrides.get("cluster")
-        and settings.standing_cluster()
-    ):
-        overrides["cluster"] = settings.standing_cluster()
-    return override_spec(spec, overrides)
+    return resolve_run(pipeline, params, standing_cluster=settings.standing_cluster())
 
 
 @freezes_heap

@@ -25,7 +25,9 @@ from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
-from stratoflow.config.spec import PipelineSpec, SpecError, load_spec, override_training
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import PipelineSpec, load_spec
+from stratoflow.config.training import resolve_training
 from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
@@ -64,7 +66,7 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         )
     spec = load_spec(pipeline)
     overrides: dict[str, Any] = {k: params[k] for k in ("epochs", "seed") if k in params}
-    return replace(spec, training=override_training(spec.training, overrides))
+    return replace(spec, training=resolve_training(spec.training, overrides))
 
 
 def detect_host() -> HostDevices:
@@ -94,7 +96,7 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[st
     planned, not_run = plan_strategies(spec, params.get("strategies") or [], detect_host())
     for entry in planned:
         if not entry["unavailable"]:  # fail now, not after the first trainings
-            override_training(spec.training, entry["overrides"])
+            resolve_training(spec.training, entry["overrides"])
     reference = datasets.prepare_dataset(spec.dataset).to_dict()
     parent_run_id = mlflow_runs.start_or_resume_tagged_run(
         spec,
@@ -144,7 +146,7 @@ def train_strategy(
     if entry["unavailable"]:
         training = replace(spec.training, **entry["overrides"])  # described, never trained
     else:
-        training = override_training(spec.training, entry["overrides"])
+        training = resolve_training(spec.training, entry["overrides"])
     strategy_spec = replace(spec, training=training)
     dataset = entry["dataset"]
     child_run_id = _fresh_child_run(strategy_spec, run, entry["parent_run_id"], dataset)

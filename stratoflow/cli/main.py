@@ -7,9 +7,9 @@
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
     stratoflow services up|status|down [--state-dir DIR]
 
-Choices come from `stratoflow.config.options`, so a typo is refused before Airflow starts. Tables
-and
-summaries go to stdout; progress and errors are logged to stderr.
+The run flags come from the training settings' metadata (`stratoflow.config.training`), so a
+typo is refused before Airflow starts. Tables and summaries go to stdout; progress and errors are
+logged to stderr.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.options import STRATEGIES
 from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.config.training import settings_of
 
 log = logging.getLogger(__name__)
 
@@ -81,25 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         "Flags override the same keys of --conf; unset ones keep the spec's defaults.",
     )
     run.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
-    run.add_argument("--strategy", choices=list(STRATEGIES))
-    run.add_argument("--replicas", type=int, choices=REPLICA_CHOICES)
-    run.add_argument("--workers", type=int, choices=WORKER_CHOICES)
-    run.add_argument("--ps", type=int, choices=PS_CHOICES)
-    run.add_argument(
-        "--cluster", help='standing parameter-server cluster, JSON {"worker": [...], "ps": [...]}'
-    )
-    run.add_argument("--loop", choices=list(LOOPS))
-    run.add_argument("--epochs", type=int)
-    run.add_argument("--batch-size", type=int)
-    run.add_argument("--learning-rate", type=float)
-    run.add_argument("--seed", type=int)
-    run.add_argument(
-        "--no-promote",
-        dest="promote",
-        action="store_false",
-        default=None,
-        help="do not move the champion alias, even when the gate passes",
-    )
+    add_training_flags(run)
     run.add_argument(
         "--conf",
         default="{}",
@@ -167,6 +150,29 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per training setting, from its metadata (`stratoflow.config.training`).
+
+    `--batch-size` for `batch_size`; a choice's allowed values are the flag's choices; a setting
+    that is on by default gets a `--no-...` flag. Every flag defaults to None ("not given"), so
+    that only the given ones override `--conf` and the spec.
+    """
+    for name, (kind, setting) in settings_of().items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            parser.add_argument(
+                f"--no-{name.replace('_', '-')}",
+                dest=name,
+                action="store_false",
+                default=None,
+                help=f"do not: {setting.help[0].lower()}{setting.help[1:]}",
+            )
+        elif setting.choices is not None:
+            parser.add_argument(flag, type=kind, choices=list(setting.choices), help=setting.help)
+        else:
+            parser.add_argument(flag, type=kind, help=setting.help)
+
+
 def _pipeline_name(value: str) -> str:
     if value not in list_pipelines():
         raise argparse.ArgumentTypeError(
@@ -217,22 +223,7 @@ def build_conf(conf_json: str, flags: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    flags = {
-        key: getattr(args, key)
-        for key in (
-            "strategy",
-            "replicas",
-            "workers",
-            "ps",
-            "cluster",
-            "loop",
-            "epochs",
-            "batch_size",
-            "learning_rate",
-            "seed",
-            "promote",
-        )
-    }
+    flags = {name: getattr(args, name) for name in settings_of()}
     try:
         conf = build_conf(args.conf, flags)
     except ValueError as error:
@@ -256,7 +247,8 @@ def _benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import os
 
-    from stratoflow.config.spec import SpecError, parse_cluster
+    from stratoflow.config.parsing import SpecError
+    from stratoflow.config.training import parse_cluster
     from stratoflow.distributed import server
 
     if args.cluster is None:

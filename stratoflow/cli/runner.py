@@ -27,8 +27,10 @@ from typing import Any
 
 from stratoflow.cli.tables import format_table
 from stratoflow.config import names
-from stratoflow.config.params import benchmark_params, dag_params
-from stratoflow.config.spec import SpecError, list_pipelines, load_spec, override_spec
+from stratoflow.config.params import benchmark_params
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.config.training import validate_params
 from stratoflow.services.airflow_setup import (
     AirflowSetupError,
     airflow_command,
@@ -36,6 +38,7 @@ from stratoflow.services.airflow_setup import (
     airflow_home,
     ensure_airflow_db,
 )
+from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +115,7 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
-    spec = load_spec(pipeline)
-    _check_against_params(dag_params(spec), conf)
-    override_spec(spec, dict(conf))
+    resolve_run(pipeline, conf)
 
 
 def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
@@ -125,23 +126,8 @@ def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     """
     from tasks.strategy_benchmark import benchmark_spec
 
-    _check_against_params(benchmark_params(load_spec(pipeline)), conf)
+    validate_params(benchmark_params(load_spec(pipeline)), conf)
     benchmark_spec(pipeline, dict(conf))
-
-
-def _check_against_params(params: Mapping[str, Mapping[str, Any]], conf: Mapping[str, Any]) -> None:
-    # Airflow's own dependency, called as `Param.resolve` calls it.
-    from jsonschema import ValidationError, validate
-
-    unknown = sorted(set(conf) - set(params))
-    if unknown:
-        raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(params)}")
-    for key, value in conf.items():
-        schema = {k: v for k, v in params[key].items() if k not in ("default", "description")}
-        try:
-            validate(value, schema)
-        except ValidationError as error:
-            raise SpecError(f"Invalid input for param {key}: {error.message}") from None
 
 
 @_stoppable

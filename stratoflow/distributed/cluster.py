@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stratoflow.config.spec import TrainingConfig, parse_cluster
+from stratoflow.config.training import TrainingConfig, parse_cluster
 
 LOOPBACK = "127.0.0.1"
 

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from stratoflow.config.options import STRATEGIES
-from stratoflow.config.spec import TrainingConfig
+from stratoflow.config.training import TrainingConfig
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ import pytest
 from stratoflow.cli import main, runner
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.params import benchmark_params, dag_params
-from stratoflow.config.spec import SpecError, load_spec
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import load_spec
 from stratoflow.training.strategy_benchmark import RULE, recommend
 
 

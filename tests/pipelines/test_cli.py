@@ -18,7 +18,7 @@ import pytest
 from stratoflow.cli import main, runner
 from stratoflow.config import settings
 from stratoflow.config.options import STRATEGIES
-from stratoflow.config.spec import SpecError
+from stratoflow.config.parsing import SpecError
 from stratoflow.services import airflow_setup
 from tasks.steps import resolve_config
 

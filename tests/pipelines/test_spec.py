@@ -11,16 +11,10 @@ import yaml
 
 from stratoflow.config.options import LOOPS, REPLICA_CHOICES, STRATEGIES
 from stratoflow.config.params import dag_params
-from stratoflow.config.spec import (
-    SPECS_DIR,
-    SpecError,
-    TrainingConfig,
-    list_pipelines,
-    load_spec,
-    override_spec,
-    override_training,
-    parse_spec,
-)
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import SPECS_DIR, list_pipelines, load_spec, parse_spec
+from stratoflow.config.training import TrainingConfig, resolve_training
+from stratoflow.training.validation import check_model, load_pipeline, resolve_run
 
 
 def _mnist_data() -> dict[str, Any]:
@@ -78,11 +72,6 @@ def test_unknown_pipeline_lists_the_available_ones() -> None:
         ("training.promote", "yes", r"training\.promote: expected bool"),
         ("retries", 1.5, r"retries: expected int, got float"),
         ("tags", "mnist", r"tags: expected a list"),
-        (
-            "model.builder",
-            "resnet9000",
-            r"model\.builder 'resnet9000' is not a known model builder",
-        ),
         ("training.strategy", "bogus", r"training\.strategy 'bogus' is not allowed; allowed: auto"),
         ("training.loop", "keras", r"training\.loop 'keras' is not allowed; allowed: custom, fit"),
         ("training.replicas", 3, r"training\.replicas 3 is not allowed; allowed: 1, 2, 4, 8"),
@@ -122,21 +111,21 @@ def test_fit_with_a_strategy_keras_cannot_fit_is_refused(strategy: str) -> None:
     with pytest.raises(
         SpecError, match=r"loop 'fit' does not work with strategy .*use loop 'custom'"
     ):
-        override_training(TrainingConfig(), {"loop": "fit", "strategy": strategy})
+        resolve_training(TrainingConfig(), {"loop": "fit", "strategy": strategy})
 
 
 def test_workers_and_ps_are_checked() -> None:
-    with pytest.raises(SpecError, match=r"workers 7 is not allowed; allowed: 1, 2, 3, 4"):
-        override_training(TrainingConfig(), {"workers": 7})
-    with pytest.raises(SpecError, match=r"ps 3 is not allowed; allowed: 1, 2"):
-        override_training(TrainingConfig(), {"ps": 3})
+    with pytest.raises(SpecError, match=r"param workers: 7 is not one of \[1, 2, 3, 4\]"):
+        resolve_training(TrainingConfig(), {"workers": 7})
+    with pytest.raises(SpecError, match=r"param ps: 3 is not one of \[1, 2\]"):
+        resolve_training(TrainingConfig(), {"ps": 3})
     with pytest.raises(SpecError, match=r"batch_size 63 must be divisible by workers 2"):
-        override_training(TrainingConfig(), {"strategy": "multi_worker_mirrored", "batch_size": 63})
+        resolve_training(TrainingConfig(), {"strategy": "multi_worker_mirrored", "batch_size": 63})
 
 
 def test_override_training_applies_the_run_params() -> None:
     defaults = load_spec("mnist").training
-    overridden = override_training(
+    overridden = resolve_training(
         defaults,
         {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1, "promote": False},
     )
@@ -144,48 +133,57 @@ def test_override_training_applies_the_run_params() -> None:
         defaults, strategy="mirrored", replicas=2, epochs=1, learning_rate=1.0, promote=False
     )
     assert repr(overridden.learning_rate) == "1.0"  # coerced to the field's type, not kept an int
-    assert override_training(defaults, {}) == defaults
+    assert resolve_training(defaults, {}) == defaults
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"strategy": "bogus"}, r"run conf\.strategy 'bogus' is not allowed"),
+        ({"strategy": "bogus"}, r"param strategy: 'bogus' is not one of \['auto', 'one_device'"),
         ({"optimizer": "sgd"}, r"run conf: unknown key 'optimizer'"),
-        ({"epochs": "2"}, r"run conf\.epochs: expected int, got str"),
+        ({"epochs": "2"}, r"param epochs: '2' is not of type 'integer'"),
         ({"strategy": "mirrored", "replicas": 4, "batch_size": 10}, r"divisible by replicas 4"),
     ],
 )
 def test_override_training_refuses_bad_overrides(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(SpecError, match=message):
-        override_training(load_spec("mnist").training, overrides)
+        resolve_training(load_spec("mnist").training, overrides)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_numbers_are_refused_naming_the_field(value: float) -> None:
-    with pytest.raises(SpecError, match=r"run conf\.learning_rate: expected a finite number"):
-        override_training(TrainingConfig(), {"learning_rate": value})
+    with pytest.raises(SpecError, match=r"Invalid input for param learning_rate: "):
+        resolve_training(TrainingConfig(), {"learning_rate": value})
 
 
 def test_central_storage_is_refused_from_the_spec_when_the_model_has_dropout() -> None:
-    digits = load_spec("digits")  # mlp with dropout 0.1
     with pytest.raises(
         SpecError,
         match=r"run conf\.strategy 'central_storage' cannot train model 'mlp': it has Dropout "
         r"\(model\.hyperparameters\.dropout 0\.1\)",
     ):
-        override_spec(digits, {"strategy": "central_storage"})
+        resolve_run("digits", {"strategy": "central_storage"})  # mlp with dropout 0.1
+    digits = load_spec("digits")
     no_dropout = dataclasses.replace(
-        digits, model=dataclasses.replace(digits.model, hyperparameters={"dropout": 0.0})
+        digits,
+        model=dataclasses.replace(digits.model, hyperparameters={"dropout": 0.0}),
+        training=dataclasses.replace(digits.training, strategy="central_storage"),
     )
-    assert override_spec(no_dropout, {"strategy": "central_storage"}).training.strategy == (
-        "central_storage"
-    )
-    assert override_spec(load_spec("mnist"), {"strategy": "central_storage"})  # dropout 0.0
+    check_model(no_dropout)  # accepted
+    assert resolve_run("mnist", {"strategy": "central_storage"})  # dropout 0.0
     spec_file = _with("training.strategy", "central_storage")
     spec_file["model"]["hyperparameters"]["dropout"] = 0.2
     with pytest.raises(SpecError, match=r"mnist\.yaml: training\.strategy 'central_storage'"):
-        parse_spec("mnist", spec_file, source="mnist.yaml")
+        check_model(parse_spec("mnist", spec_file), "mnist.yaml: training")
+
+
+def test_an_unknown_model_builder_is_named_with_the_known_ones() -> None:
+    spec = parse_spec("mnist", _with("model.builder", "resnet9000"))
+    with pytest.raises(
+        SpecError, match=r"mnist\.yaml: model\.builder 'resnet9000' is not a known model builder"
+    ):
+        check_model(spec, "mnist.yaml: training")
+    assert load_pipeline("mnist") == load_spec("mnist")
 
 
 @pytest.mark.parametrize("name", ["mnist", "digits"])
@@ -197,7 +195,7 @@ def test_dag_params_cover_every_training_setting(name: str) -> None:
         assert kwargs["description"], key
     # The defaults sent back as a run's conf (the UI's form sends them all) give the spec's config.
     defaults = {key: kwargs["default"] for key, kwargs in params.items()}
-    assert override_training(spec.training, defaults) == spec.training
+    assert resolve_training(spec.training, defaults) == spec.training
     assert params["strategy"]["enum"] == list(STRATEGIES)
     assert params["loop"]["enum"] == list(LOOPS)
     assert params["replicas"]["enum"] == list(REPLICA_CHOICES)

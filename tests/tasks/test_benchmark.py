@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from stratoflow.config.spec import load_spec, override_training
+from stratoflow.config.spec import load_spec
+from stratoflow.config.training import resolve_training
 from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
@@ -49,7 +50,7 @@ def test_cpu_host_runs_every_strategy_but_tpu_and_the_auto_alias_on_a_dropout_fr
         assert (overrides["loop"], overrides["cluster"]) == ("custom", "")
         assert entry["unavailable"] is None
         # Every planned entry is a valid training config for the pipeline.
-        override_training(spec.training, overrides)
+        resolve_training(spec.training, overrides)
 
 
 def test_central_storage_is_left_out_when_the_model_has_dropout():

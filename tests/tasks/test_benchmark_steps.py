@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from stratoflow.config.spec import SpecError
+from stratoflow.config.parsing import SpecError
 from tasks import strategy_benchmark
 from tasks.steps import AirflowRun
 from tests.conftest import fresh_mlflow_client

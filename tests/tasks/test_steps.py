@@ -291,17 +291,17 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
 
 
 def test_bad_params_fail_before_any_work(tf_runtime):
-    from stratoflow.config.spec import SpecError
+    from stratoflow.config.parsing import SpecError
     from tasks import steps
 
-    with pytest.raises(SpecError, match="unknown key 'strategi'; allowed: batch_size"):
+    with pytest.raises(SpecError, match="unknown key 'strategi'; allowed: strategy, replicas"):
         steps.prepare("digits", {"strategi": "mirrored"}, new_run("digits"))
     with pytest.raises(SpecError, match="batch_size 33 must be divisible by replicas 2"):
         steps.prepare("digits", {"strategy": "mirrored", "batch_size": 33}, new_run("digits"))
 
 
 def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_runtime):
-    from stratoflow.config.spec import SpecError
+    from stratoflow.config.parsing import SpecError
     from stratoflow.tracking import mlflow_runs
     from tasks import steps
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from stratoflow.config.options import STRATEGIES
-from stratoflow.config.spec import TrainingConfig
+from stratoflow.config.training import TrainingConfig
 
 
 def test_factory_and_options_list_the_same_strategies():

@@ -1,0 +1,303 @@
+"""A run's training settings: one dataclass whose field metadata is their single description.
+
+Each field of `TrainingConfig` carries a `Setting` (title, help text, allowed values, bounds).
+From it come, without a second list anywhere:
+
+- the DAG Params' JSON schemas (`param_schemas`): Airflow refuses a bad trigger from the UI
+  form, the REST API or the CLI before a DAG run exists, naming the field;
+- the `stratoflow run` flags (`stratoflow.cli.main` reads the same metadata);
+- the validation of a run's overrides (`resolve_training`), used by the CLI before Airflow
+  starts and by the first task: the Params schemas first (Airflow's own messages), then the
+  combinations a schema cannot express (`check_training`).
+
+A spec's YAML defaults go through `check_training` too, so a typo in a spec fails at parse time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.parsing import SpecError, build
+
+# Matches NaN, Infinity and -Infinity, and no finite number: a `not` of it refuses them. Bounds
+# alone cannot (every comparison with NaN is false, so NaN passes `minimum` and `maximum`), and
+# JSON schema cannot write infinity as a bound. Its title shows in the error message.
+NOT_FINITE: dict[str, Any] = {
+    "title": "NaN, Infinity or -Infinity",
+    "anyOf": [{"exclusiveMinimum": sys.float_info.max}, {"exclusiveMaximum": -sys.float_info.max}],
+}
+
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one training setting is shown and checked (the metadata of a `TrainingConfig` field).
+
+    Attributes:
+        title: the label of the trigger form's field.
+        help: one or two sentences for the form, the CLI's `--help` and error messages.
+        choices: the allowed values, each with its text in the form's dropdown; None: any value
+            within the bounds.
+        minimum: the smallest allowed value.
+        maximum: the largest allowed value.
+        above: values must be strictly greater than this.
+        optional: null (and "") is allowed and means "not set".
+    """
+
+    title: str
+    help: str
+    choices: Mapping[Any, str] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    optional: bool = False
+
+
+def _setting(default: Any, **metadata: Any) -> Any:
+    return field(default=default, metadata={"setting": Setting(**metadata)})
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count > 1 else ''}"
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Training settings; every field is also a DAG Param and a `stratoflow run` flag.
+
+    The fields' `Setting` metadata says what each one means and which values it takes.
+    """
+
+    strategy: str = _setting(
+        "one_device",
+        title="Distribution strategy",
+        help="The tf.distribute strategy of this run.",
+        choices={name: f"{name}: {traits.description}" for name, traits in STRATEGIES.items()},
+    )
+    replicas: int = _setting(
+        2,
+        title="Replicas",
+        help="Replicas for `mirrored` and `central_storage` on a CPU-only host (logical CPU "
+        "devices); the batch size must be divisible by it.",
+        choices={n: _plural(n, "replica") for n in REPLICA_CHOICES},
+    )
+    workers: int = _setting(
+        2,
+        title="Workers",
+        help="Worker processes for `multi_worker_mirrored` and `parameter_server`.",
+        choices={n: _plural(n, "worker") for n in WORKER_CHOICES},
+    )
+    ps: int = _setting(
+        1,
+        title="Parameter servers",
+        help="Parameter-server processes for `parameter_server`.",
+        choices={n: _plural(n, "parameter server") for n in PS_CHOICES},
+    )
+    # Optional, so that the UI's trigger form accepts it empty: a required string whose default
+    # is empty marks the form invalid and disables Trigger.
+    cluster: str = _setting(
+        "",
+        title="Standing cluster",
+        help='parameter_server only: standing servers as JSON {"worker": ["host:port"], '
+        '"ps": ["host:port"]} (started with `stratoflow serve`); empty or null: launch local '
+        "processes, or use $STRATOFLOW_CLUSTER.",
+        optional=True,
+    )
+    loop: str = _setting(
+        "custom",
+        title="Training loop",
+        help="Which training loop runs the epochs.",
+        choices={name: f"{name}: {text}" for name, text in LOOPS.items()},
+    )
+    # Generous upper bounds: they catch typos (epochs=10000), not legitimate experiments.
+    epochs: int = _setting(
+        5, title="Epochs", help="Passes over the training split.", minimum=1, maximum=1000
+    )
+    batch_size: int = _setting(
+        64,
+        title="Global batch size",
+        help="The global batch, split evenly across replicas.",
+        minimum=1,
+        maximum=65536,
+    )
+    learning_rate: float = _setting(
+        1e-3,
+        title="Learning rate",
+        help="Adam's learning rate, within (0, 1].",
+        above=0,
+        maximum=1,
+    )
+    seed: int = _setting(
+        42,
+        title="Seed",
+        help="Seeds weights, shuffling and dropout: same seed, same result.",
+        minimum=0,
+        maximum=2**31 - 1,
+    )
+    promote: bool = _setting(
+        True,
+        title="Promote",
+        help="Move the `champion` alias when the evaluation gate passes.",
+    )
+
+
+def settings_of(config: type = TrainingConfig) -> dict[str, tuple[type, Setting]]:
+    """Each training setting's name → its Python type and `Setting`, in declaration order."""
+    hints = {"str": str, "int": int, "float": float, "bool": bool}
+    return {f.name: (hints[str(f.type)], f.metadata["setting"]) for f in dataclasses.fields(config)}
+
+
+def param_schema(kind: type, setting: Setting, default: Any) -> dict[str, Any]:
+    """The keyword arguments of `airflow.sdk.Param` for one setting with default `default`."""
+    json_type = _JSON_TYPES[kind]
+    schema: dict[str, Any] = {
+        "default": (default or None) if setting.optional else default,
+        "type": ["null", json_type] if setting.optional else json_type,
+        "title": setting.title,
+        "description": setting.help,
+    }
+    if setting.choices is not None:
+        schema["enum"] = list(setting.choices)
+        schema["values_display"] = {str(value): text for value, text in setting.choices.items()}
+    for key, bound in (
+        ("minimum", setting.minimum),
+        ("maximum", setting.maximum),
+        ("exclusiveMinimum", setting.above),
+    ):
+        if bound is not None:
+            schema[key] = bound
+    if kind is float:
+        schema["not"] = NOT_FINITE
+    return schema
+
+
+def param_schemas(defaults: TrainingConfig) -> dict[str, dict[str, Any]]:
+    """The Param keyword arguments of every training setting, defaulting to `defaults`.
+
+    Returns:
+        A mapping from the `TrainingConfig` field name to the keyword arguments of
+        `airflow.sdk.Param` (`default`, `title`, `description`, and JSON-schema keys such as
+        `type`, `enum`, `minimum`), in the order the trigger form shows them.
+    """
+    return {
+        name: param_schema(kind, setting, getattr(defaults, name))
+        for name, (kind, setting) in settings_of().items()
+    }
+
+
+def validate_params(schemas: Mapping[str, Mapping[str, Any]], conf: Mapping[str, Any]) -> None:
+    """Check a run conf against DAG Params schemas the way Airflow does when it creates a run.
+
+    Raises:
+        SpecError: an unknown key (with the allowed ones), or Airflow's own message for an
+            invalid value: "Invalid input for param <name>: ...".
+    """
+    # Airflow's own dependency, called as `Param.resolve` calls it.
+    from jsonschema import ValidationError, validate
+
+    unknown = sorted(set(conf) - set(schemas))
+    if unknown:
+        raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(schemas)}")
+    for key, value in conf.items():
+        schema = {k: v for k, v in schemas[key].items() if k not in ("default", "description")}
+        try:
+            validate(value, schema)
+        except ValidationError as error:
+            raise SpecError(f"Invalid input for param {key}: {error.message}") from None
+
+
+def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> TrainingConfig:
+    """`defaults` with a run's overrides (DAG Params, CLI flags) applied, after checking them.
+
+    The one validation of a run's training settings: the CLI before Airflow starts, and the
+    first task of every DAG run, call this.
+
+    Raises:
+        SpecError: an unknown key, an invalid value or an invalid combination (named).
+    """
+    validate_params(param_schemas(defaults), conf)
+    merged = {**dataclasses.asdict(defaults), **conf}
+    if merged["cluster"] is None:
+        merged["cluster"] = ""  # the Param's default and a cleared form field: no standing cluster
+    result = build(TrainingConfig, merged, "run conf")
+    check_training(result, "run conf")
+    return result
+
+
+def _check_setting(name: str, value: Any, setting: Setting, where: str) -> None:
+    if setting.optional and not value:
+        return
+    if setting.choices is not None and value not in setting.choices:
+        raise SpecError(
+            f"{where}.{name} {value!r} is not allowed; "
+            f"allowed: {', '.join(map(str, setting.choices))}"
+        )
+    if setting.above is not None and not setting.above < value <= (setting.maximum or value):
+        raise SpecError(
+            f"{where}.{name} must be within ({setting.above}, {setting.maximum}], got {value}"
+        )
+    if setting.minimum is not None and value < setting.minimum:
+        raise SpecError(f"{where}.{name} must be >= {setting.minimum}, got {value}")
+    if setting.maximum is not None and value > setting.maximum:
+        raise SpecError(f"{where}.{name} must be <= {setting.maximum}, got {value}")
+
+
+def check_training(training: TrainingConfig, where: str = "training") -> None:
+    """Check each setting against its `Setting`, then the combinations no schema expresses.
+
+    Raises:
+        SpecError: the first invalid value or combination, naming the field.
+    """
+    for name, (_, setting) in settings_of().items():
+        _check_setting(name, getattr(training, name), setting, where)
+    if training.cluster:
+        parse_cluster(training.cluster, f"{where}.cluster")
+        if training.strategy != "parameter_server":
+            raise SpecError(
+                f"{where}.cluster (standing servers) applies to strategy 'parameter_server' only; "
+                "multi_worker_mirrored across hosts runs the worker entrypoint on every host "
+                "with its TF_CONFIG (README: Several machines)"
+            )
+    if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
+        fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
+        raise SpecError(
+            f"{where}.loop 'fit' does not work with strategy {training.strategy!r} in Keras 3; "
+            f"use loop 'custom', or one of the strategies fit supports: {', '.join(fit_ok)}"
+        )
+    if STRATEGIES[training.strategy].uses_replicas and training.batch_size % training.replicas:
+        raise SpecError(
+            f"{where}.batch_size {training.batch_size} must be divisible by replicas "
+            f"{training.replicas}: the global batch is split evenly across replicas"
+        )
+    if training.strategy == "multi_worker_mirrored" and training.batch_size % training.workers:
+        raise SpecError(
+            f"{where}.batch_size {training.batch_size} must be divisible by workers "
+            f"{training.workers}: the global batch is split evenly across workers"
+        )
+
+
+def parse_cluster(text: str, where: str = "cluster") -> dict[str, list[str]]:
+    """Parse and check a standing cluster spec: JSON with `worker` and `ps` lists of host:port."""
+    try:
+        jobs = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(jobs, dict) or not jobs.get("worker") or not jobs.get("ps"):
+        raise SpecError(
+            f'{where} must be a JSON object like {{"worker": ["host:port"], "ps": ["host:port"]}}'
+        )
+    for job, addresses in jobs.items():
+        if job not in ("worker", "ps"):
+            raise SpecError(f"{where}: unknown job {job!r}; allowed: worker, ps")
+        for address in addresses if isinstance(addresses, list) else [addresses]:
+            host, _, port = str(address).rpartition(":")
+            if not host or not port.isdigit():
+                raise SpecError(f"{where}: {job} address {address!r} is not host:port")
+    return {job: list(addresses) for job, addresses in jobs.items()}

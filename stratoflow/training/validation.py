@@ -1,0 +1,78 @@
+"""The one validation of a pipeline and of a run's configuration, before any work starts.
+
+`load_pipeline` is a spec plus what depends on its model: a known builder, and a default
+strategy that can train it. `resolve_run` is the configuration one DAG run trains with: the
+spec's defaults, the run's Params (checked against the Params' own schemas, with Airflow's
+messages), and the combinations a schema cannot express. The DAG files call `load_pipeline`
+at parse time; `stratoflow run` calls `resolve_run` before Airflow starts; the first task of a
+run calls it once and hands the result to the tasks after it.
+
+Light: no TensorFlow, Keras or MLflow (the model builders import Keras only when called).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import PipelineSpec, load_spec
+from stratoflow.config.training import check_training, resolve_training
+from stratoflow.training.models import MODEL_BUILDERS, has_random_layers
+
+
+def load_pipeline(name: str) -> PipelineSpec:
+    """The validated spec of pipeline `name`, its model checked too.
+
+    Raises:
+        SpecError: no such pipeline, or an invalid key, value or model (named in the message).
+    """
+    spec = load_spec(name)
+    check_model(spec, f"{name}.yaml: training")
+    return spec
+
+
+def resolve_run(pipeline: str, conf: Mapping[str, Any], standing_cluster: str = "") -> PipelineSpec:
+    """Pipeline `pipeline` with a run's Params applied to its training defaults, validated.
+
+    Args:
+        pipeline: a pipeline name.
+        conf: the run's Params (a DAG run's `conf`, or `stratoflow run`'s flags).
+        standing_cluster: the deployment's standing parameter-server cluster (JSON), used when
+            the run asks for `parameter_server` without naming a cluster.
+
+    Raises:
+        SpecError: an unknown Param, or an invalid value or combination (named in the message).
+    """
+    spec = load_pipeline(pipeline)
+    training = resolve_training(spec.training, conf)
+    if standing_cluster and training.strategy == "parameter_server" and not training.cluster:
+        training = dataclasses.replace(training, cluster=standing_cluster)
+        check_training(training, "run conf")
+    result = dataclasses.replace(spec, training=training)
+    check_model(result, "run conf")
+    return result
+
+
+def check_model(spec: PipelineSpec, where: str = "training") -> None:
+    """Refuse an unknown model builder, and a strategy that cannot train the model (no Keras).
+
+    `central_storage` fails on layers that draw random numbers; a bundled builder has Dropout
+    exactly when its `dropout` hyperparameter is non-zero (`models.has_random_layers`).
+    """
+    builder = spec.model.builder
+    if builder not in MODEL_BUILDERS:
+        raise SpecError(
+            f"{where.split(':')[0]}: model.builder {builder!r} is not a known model builder; "
+            f"allowed: {', '.join(sorted(MODEL_BUILDERS))}"
+        )
+    if spec.training.strategy == "central_storage" and has_random_layers(
+        builder, spec.model.hyperparameters
+    ):
+        raise SpecError(
+            f"{where}.strategy 'central_storage' cannot train model {builder!r}: it "
+            f"has Dropout (model.hyperparameters.dropout "
+            f"{spec.model.hyperparameters.get('dropout')}), and TensorFlow's CentralStorage fails "
+            "on layers that draw random numbers; choose another strategy, e.g. 'mirrored'"
+        )

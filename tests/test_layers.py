@@ -1,0 +1,70 @@
+"""The house rules hold: one-way layers and no import cycles (import-linter, pyproject.toml).
+
+The same check runs in `make lint`. The other tests here break a copy of the code on purpose
+(an upward import, a cycle, each inside a function as a dodge would be) and see the check fail,
+so that a check that could never fail would be noticed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stratoflow.config import settings
+
+ROOT = settings.PROJECT_ROOT
+PACKAGES = ("stratoflow", "tasks", "dags", "pipelines")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """Run `lint-imports` on the code under `root` with this repository's contracts."""
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def copy_of_the_code(tmp_path: Path) -> Path:
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def add_function_local_import(module: Path, imported: str) -> None:
+    module.write_text(module.read_text() + f"\n\ndef _dodge() -> None:\n    import {imported}\n")
+
+
+def test_the_code_keeps_its_layers_and_has_no_cycles() -> None:
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout
+
+
+def test_an_upward_import_breaks_the_layers(copy_of_the_code: Path) -> None:
+    # Configuration reaching up into a task body: the kind of import the layers forbid.
+    add_function_local_import(copy_of_the_code / "stratoflow/config/names.py", "tasks.steps")
+    result = lint_imports(copy_of_the_code)
+    assert result.returncode == 1
+    assert "One-way layers" in result.stdout and "BROKEN" in result.stdout
+    assert "stratoflow.config.names -> tasks.steps" in result.stdout
+
+
+def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
+    # `runner` imports `tables`; `tables` importing `runner` back closes a cycle inside one layer.
+    add_function_local_import(
+        copy_of_the_code / "stratoflow/cli/tables.py", "stratoflow.cli.runner"
+    )
+    result = lint_imports(copy_of_the_code)
+    assert result.returncode == 1
+    assert "No import cycles" in result.stdout and "BROKEN" in result.stdout
