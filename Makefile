@@ -18,7 +18,7 @@ install: $(INSTALLED)
 
 # Bytecode compiled once, here: where PYTHONDONTWRITEBYTECODE is set (as on the machines this
 # was measured on), every process would otherwise recompile TensorFlow's sources on each
-# import (19.6 s instead of 7.1 s to import tensorflow + keras, measured under load).
+# import, about three times slower (docs/BENCHMARKS.md, "Facts").
 $(INSTALLED): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	test -x $(BIN)/uv || $(BIN)/pip install uv

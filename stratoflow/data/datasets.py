@@ -9,7 +9,8 @@ stratoflow's own builders (`stratoflow.data.tfds_builders`) read data shipped in
 packages, so
 they build anywhere. Any other registered TFDS dataset works too when it can be downloaded or is
 already prepared in the data dir; when neither holds (an offline machine), preparation fails
-within seconds with instructions, instead of sitting in TFDS's ~3.5-minute download retry loop.
+within seconds with instructions, instead of sitting in TFDS's download retry loop
+(minutes: docs/BENCHMARKS.md, "Facts").
 
 TensorFlow and TFDS are imported inside the functions: importing this module is cheap.
 """

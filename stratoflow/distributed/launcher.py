@@ -33,7 +33,8 @@ READY_MARKER = "STRATOFLOW-READY"
 # Once one member is up, the others must be up within this long, or the cluster is failed
 # (the default of `run_cluster`'s `ready_timeout_seconds`).
 READY_TIMEOUT_SECONDS = 30.0
-# No member up after this long (imports take 15-25 s on a busy 2-core host) fails the start.
+# No member up after this long fails the start (a member's imports take tens of seconds on a
+# busy 2-core host: docs/BENCHMARKS.md, "Facts").
 START_TIMEOUT_SECONDS = 240.0
 # Members still running this long after the result member finished are killed.
 SHUTDOWN_GRACE_SECONDS = 30.0

@@ -18,7 +18,8 @@ from stratoflow.distributed.launcher import READY_MARKER
 
 logger = logging.getLogger(__name__)
 
-# 1 inter-op thread deadlocks ClusterCoordinator.join (DESIGN.md); 2 is the minimum that works.
+# 1 inter-op thread deadlocks ClusterCoordinator.join; 2 is the minimum that works
+# (docs/BENCHMARKS.md, "Facts").
 INTER_OP_THREADS = 2
 
 

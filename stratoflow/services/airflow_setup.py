@@ -74,7 +74,7 @@ def ensure_airflow_db(
     """Create or upgrade the metadata DB of Airflow home `home` unless it is current.
 
     A stamp file in `home` records the Airflow version the DB was migrated with; `airflow db
-    migrate` (20-60 s) runs only when the DB is missing or Airflow changed.
+    migrate` (tens of seconds) runs only when the DB is missing or Airflow changed.
 
     Args:
         home: the Airflow home.

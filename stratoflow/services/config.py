@@ -30,7 +30,7 @@ COMPONENTS = (POSTGRES, MLFLOW, *AIRFLOW_COMPONENTS)
 
 HOST = "127.0.0.1"
 ADMIN_USER = "admin"
-# Small on purpose: every task process imports TensorFlow (~0.5 GB) on a small host.
+# Small on purpose: every task process imports TensorFlow (about half a GB) on a small host.
 PARALLELISM = 2
 DATABASES = {"airflow": "airflow", "mlflow": "mlflow"}  # database -> owning role
 
@@ -131,7 +131,8 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
             # Only loopback Host headers: no DNS rebinding onto this server.
             "MLFLOW_SERVER_ALLOWED_HOSTS": f"{HOST}:{config.ports[MLFLOW]},"
             f"localhost:{config.ports[MLFLOW]}",
-            # The job runner alone costs ~1 GB and stratoflow uses no MLflow jobs.
+            # The job runner alone costs about 1 GB (docs/BENCHMARKS.md, "Facts"), and stratoflow
+            # uses no MLflow jobs.
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             "MLFLOW_DISABLE_TELEMETRY": "true",
         }

@@ -57,7 +57,7 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
         f"keras=={keras.__version__}",
         f"mlflow=={mlflow.__version__}",
     ]
-    # An explicit `pip_requirements` skips MLflow's 15-30 s requirement inference.
+    # An explicit `pip_requirements` skips MLflow's requirement inference (tens of seconds).
     with mlflow.start_run(run_id=run_id):
         info = mlflow.models.Model.log(
             artifact_path=None,

@@ -18,7 +18,7 @@ def small_cnn(
     dense_units: int = 128,
     dropout: float = 0.0,
 ) -> Any:
-    """Conv-pool blocks, then a dense layer: ~99 % on full MNIST, ~97 % on 4,000 digits."""
+    """Conv-pool blocks, then a dense layer (its accuracies: docs/BENCHMARKS.md, "Facts")."""
     import keras
 
     layers: list[Any] = [keras.Input(shape=tuple(input_shape))]

@@ -242,7 +242,8 @@ def make_epoch_batches(
     train_examples = load_split(dataset, "train").cache()
     size = dataset.split_sizes["train"]
     shard_by_data = tf.data.Options()
-    # Explicit: AUTO falls back silently, OFF duplicates examples across workers (DESIGN.md).
+    # Explicit: AUTO falls back silently, OFF duplicates examples across workers
+    # (docs/BENCHMARKS.md, "Facts").
     shard_by_data.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.DATA
     )

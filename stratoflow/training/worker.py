@@ -60,7 +60,8 @@ def main(payload_path: str, result_path: str) -> None:
         described = environment.describe(result)
         mlflow_runs.client(tracking_uri).log_dict(run_id, described, names.ENVIRONMENT_ARTIFACT)
     Path(result_path).write_text(json.dumps(result))
-    # The process exits next: its last garbage collection need not walk TensorFlow's heap (~2.5 s).
+    # The process exits next: its last garbage collection need not walk TensorFlow's heap
+    # (seconds: docs/BENCHMARKS.md, "Facts").
     gc.freeze()
 
 

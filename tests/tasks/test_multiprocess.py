@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 # README "Supervision": a dead member fails the task at once (measured 0.2-0.3 s). The bound
 # leaves room for a slow CI machine and catches a launcher that leaves it to the chief, whose
-# collective fails only ~10 s later (DESIGN.md).
+# collective fails only about 10 s later (docs/BENCHMARKS.md, "Facts").
 KILL_DEADLINE_SECONDS = 3
 
 
