@@ -3,9 +3,9 @@
 Mirrored over two logical CPUs, with a last batch of one example (so one replica gets none),
 aborts the process inside MKL's max-pool gradient (`Check failed: dtype() == expected_dtype`,
 docs/BENCHMARKS.md, "Facts") on the Intel hosts where TensorFlow takes that oneDNN kernel.
-stratoflow avoids it with `drop_remainder=True`; this program triggers it on purpose. Where it does not crash (seen on AMD
-EPYC hosts), the program aborts natively itself (libc `abort`, the same SIGABRT a failed CHECK
-raises), so the launcher's handling is tested on every host.
+stratoflow avoids it with `drop_remainder=True`; this program triggers it on purpose. Where it
+does not crash (seen on AMD EPYC hosts), the program aborts natively itself (libc `abort`, the
+same SIGABRT a failed CHECK raises), so the launcher's handling is tested on every host.
 """
 
 from __future__ import annotations
