@@ -18,10 +18,11 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stratoflow.cli.tables import format_table
+from stratoflow.config import names
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.config.training import settings_of
@@ -223,25 +224,29 @@ def build_conf(conf_json: str, flags: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    flags = {name: getattr(args, name) for name in settings_of()}
-    try:
-        conf = build_conf(args.conf, flags)
-    except ValueError as error:
-        parser.error(str(error))
     from stratoflow.cli.runner import run_pipeline
 
-    return run_pipeline(args.pipeline, conf)
+    return _through_airflow(parser, args, list(settings_of()), run_pipeline)
 
 
 def _benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    flags = {key: getattr(args, key) for key in ("epochs", "seed", "strategies", "tolerance")}
-    try:
-        conf = build_conf(args.conf, flags)
-    except ValueError as error:
-        parser.error(str(error))
     from stratoflow.cli.runner import run_benchmark
 
-    return run_benchmark(args.pipeline, conf)
+    return _through_airflow(parser, args, list(names.BENCHMARK_PARAMS), run_benchmark)
+
+
+def _through_airflow(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    flag_names: Sequence[str],
+    run: Callable[[str, dict[str, Any]], int],
+) -> int:
+    """Run `args.pipeline` with `run` and the Params from `--conf` and the flags `flag_names`."""
+    try:
+        conf = build_conf(args.conf, {name: getattr(args, name) for name in flag_names})
+    except ValueError as error:
+        parser.error(str(error))
+    return run(args.pipeline, conf)
 
 
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

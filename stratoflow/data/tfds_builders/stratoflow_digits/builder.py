@@ -8,14 +8,11 @@ shares one encoding and one input scaling (divide by 255).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from stratoflow.data.tfds_builders._progress import split_examples
-from stratoflow.data.tfds_builders._splits import stratified_split
+from stratoflow.data.tfds_builders._digit_images import DigitImagesBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +34,17 @@ def load_source() -> tuple[np.ndarray, np.ndarray]:
     return images, np.asarray(digits.target, dtype=np.int64)
 
 
-class StratoflowDigits(tfds.core.GeneratorBasedBuilder):
+class StratoflowDigits(DigitImagesBuilder):
     """scikit-learn's 1,797 8x8 digits, scaled to 0..255, split 80/10/10 per class."""
 
+    SPLIT_SEED = SPLIT_SEED
+    IMAGE_SHAPE = IMAGE_SHAPE
+    DESCRIPTION = (
+        "scikit-learn's optical recognition of handwritten digits (UCI), 1,797 8x8 "
+        "images scaled from 0..16 to 0..255, split per class into train (80 %), "
+        "validation (10 %) and test (10 %)."
+    )
+    HOMEPAGE = "https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {
         "1.0.0": (
@@ -49,35 +54,5 @@ class StratoflowDigits(tfds.core.GeneratorBasedBuilder):
         ),
     }
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=(
-                "scikit-learn's optical recognition of handwritten digits (UCI), 1,797 8x8 "
-                "images scaled from 0..16 to 0..255, split per class into train (80 %), "
-                "validation (10 %) and test (10 %)."
-            ),
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=IMAGE_SHAPE),
-                    "label": tfds.features.ClassLabel(num_classes=10),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            homepage="https://scikit-learn.org/stable/modules/generated/sklearn.datasets.load_digits.html",
-        )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict[str, Any]:
-        del dl_manager  # offline by design: the data ships with scikit-learn
-        images, labels = load_source()
-        logger.info("%s: read %d digits from scikit-learn", self.name, len(labels))
-        return {
-            name: self._generate_examples(name, images, labels, indices)
-            for name, indices in stratified_split(labels.tolist(), SPLIT_SEED).items()
-        }
-
-    def _generate_examples(
-        self, split: str, images: np.ndarray, labels: np.ndarray, indices: list[int]
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        # Keyed by the index in load_digits(): stable across builds and library versions.
-        return split_examples(self.name, split, images, labels, indices)
+    def load_source(self) -> tuple[np.ndarray, np.ndarray]:
+        return load_source()

