@@ -20,12 +20,13 @@ Nothing here registers a model or moves an alias.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
 from stratoflow.config.spec import PipelineSpec, SpecError, load_spec, override_training
+from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
@@ -34,7 +35,14 @@ from stratoflow.training.strategy_benchmark import (
     steady_throughput,
     threshold_reached,
 )
-from tasks.steps import AirflowRun
+from tasks.run_context import (
+    AirflowRun,
+    PayloadError,
+    checked_fields,
+    config_from_dict,
+    config_to_dict,
+    typed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +50,145 @@ logger = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 6000
 
 
+@dataclass(frozen=True)
+class PlannedStrategy:
+    """One strategy of the plan: what its `train_strategy` task instance needs, and `compare`.
+
+    Attributes:
+        strategy: the strategy's name (the mapped task instance is named after it).
+        label: how the comparison shows it, e.g. "mirrored (2 replicas)".
+        overrides: the training settings that make the benchmark's config this strategy's.
+        unavailable: why this host cannot run it (its training fails at once), or None.
+        parent_run_id: the benchmark's parent MLflow run.
+        dataset: the dataset, prepared once by `plan`.
+        run_config: the benchmark's resolved configuration (epochs and seed applied), before
+            the strategy's overrides.
+        tolerance: the throughput tolerance of the recommendation.
+    """
+
+    strategy: str
+    label: str
+    overrides: dict[str, Any]
+    unavailable: str | None
+    parent_run_id: str
+    dataset: DatasetRef
+    run_config: PipelineSpec
+    tolerance: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as a JSON dict (one element of the XCom of `plan_strategies`)."""
+        return {
+            "strategy": self.strategy,
+            "label": self.label,
+            "overrides": dict(self.overrides),
+            "unavailable": self.unavailable,
+            "parent_run_id": self.parent_run_id,
+            "dataset": self.dataset.to_dict(),
+            "run_config": config_to_dict(self.run_config),
+            "tolerance": self.tolerance,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PlannedStrategy:
+        """Rebuild it from `to_dict()` output.
+
+        Raises:
+            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
+        """
+        what = f"an entry of the result of {names.PLAN_STRATEGIES_TASK}"
+        values = checked_fields(cls, data, what)
+        unavailable = values["unavailable"]
+        try:
+            dataset = DatasetRef.from_dict(typed(values["dataset"], dict, "dataset", what))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise PayloadError(f"{what}: its dataset reference is invalid: {error}") from None
+        return cls(
+            strategy=typed(values["strategy"], str, "strategy", what),
+            label=typed(values["label"], str, "label", what),
+            overrides=typed(values["overrides"], dict, "overrides", what),
+            unavailable=None
+            if unavailable is None
+            else typed(unavailable, str, "unavailable", what),
+            parent_run_id=typed(values["parent_run_id"], str, "parent_run_id", what),
+            dataset=dataset,
+            run_config=config_from_dict(values["run_config"], f"{what}: run_config"),
+            tolerance=typed(values["tolerance"], float, "tolerance", what),
+        )
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    """What one `train_strategy` task instance reports (its numbers are in its child run)."""
+
+    strategy: str
+    mlflow_run_id: str
+    test_accuracy: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON dict (the XCom of one `train_strategy` instance)."""
+        return {
+            "strategy": self.strategy,
+            "mlflow_run_id": self.mlflow_run_id,
+            "test_accuracy": self.test_accuracy,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> StrategyResult:
+        """Rebuild it from `to_dict()` output.
+
+        Raises:
+            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
+        """
+        what = f"the result of {names.TRAIN_STRATEGY_TASK}"
+        values = checked_fields(cls, data, what)
+        return cls(
+            strategy=typed(values["strategy"], str, "strategy", what),
+            mlflow_run_id=typed(values["mlflow_run_id"], str, "mlflow_run_id", what),
+            test_accuracy=typed(values["test_accuracy"], float, "test_accuracy", what),
+        )
+
+
+@dataclass(frozen=True)
+class BenchmarkOutcome:
+    """What `compare` concluded (the comparison itself is on the parent run)."""
+
+    parent_run_id: str
+    recommended_strategy: str
+    succeeded: list[str]
+    failed: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON dict (the XCom of `compare_strategies`)."""
+        return {
+            "parent_run_id": self.parent_run_id,
+            "recommended_strategy": self.recommended_strategy,
+            "succeeded": list(self.succeeded),
+            "failed": list(self.failed),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BenchmarkOutcome:
+        """Rebuild it from `to_dict()` output.
+
+        Raises:
+            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
+        """
+        what = f"the result of {names.COMPARE_STRATEGIES_TASK}"
+        values = checked_fields(cls, data, what)
+        return cls(
+            parent_run_id=typed(values["parent_run_id"], str, "parent_run_id", what),
+            recommended_strategy=typed(
+                values["recommended_strategy"], str, "recommended_strategy", what
+            ),
+            succeeded=[str(s) for s in typed(values["succeeded"], list, "succeeded", what)],
+            failed=[str(s) for s in typed(values["failed"], list, "failed", what)],
+        )
+
+
 def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     """The pipeline spec with the benchmark's `epochs` and `seed` applied, validated.
+
+    Called once per benchmark run, by `plan`; the result travels in each `PlannedStrategy`.
 
     Raises:
         SpecError: an unknown Param or an invalid value (named in the message).
@@ -77,15 +222,15 @@ def detect_host() -> HostDevices:
     return HostDevices(gpus=len(tf.config.list_physical_devices("GPU")), tpus=tpus)
 
 
-def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[str, Any]]:
+def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[PlannedStrategy]:
     """List the strategies to benchmark, prepare the dataset once, open the parent MLflow run.
 
     The plan (and the strategies left out, with why) is also logged as `benchmark/plan.json`.
 
     Returns:
-        The planned entries of `stratoflow.training.strategy_benchmark.plan_strategies` (which the
-        DAG maps the
-        training over), each with the `parent_run_id` and the `dataset` reference added.
+        The planned strategies of `stratoflow.training.strategy_benchmark.plan_strategies` (the
+        DAG maps the training over them), each with the parent run, the dataset and the
+        benchmark's resolved configuration.
     """
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs
@@ -95,7 +240,8 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[st
     for entry in planned:
         if not entry["unavailable"]:  # fail now, not after the first trainings
             override_training(spec.training, entry["overrides"])
-    reference = datasets.prepare_dataset(spec.dataset).to_dict()
+    prepared = datasets.prepare_dataset(spec.dataset)
+    reference = prepared.to_dict()
     parent_run_id = mlflow_runs.start_or_resume_tagged_run(
         spec,
         _parent_identity(run),
@@ -118,15 +264,23 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[st
         ", ".join(e["label"] for e in planned),
         "; ".join(f"{name} ({reason})" for name, reason in not_run.items()) or "none",
     )
-    return [{**entry, "parent_run_id": parent_run_id, "dataset": reference} for entry in planned]
+    tolerance = _tolerance(params)
+    return [
+        PlannedStrategy(
+            strategy=entry["strategy"],
+            label=entry["label"],
+            overrides=dict(entry["overrides"]),
+            unavailable=entry["unavailable"],
+            parent_run_id=parent_run_id,
+            dataset=prepared,
+            run_config=spec,
+            tolerance=tolerance,
+        )
+        for entry in planned
+    ]
 
 
-def train_strategy(
-    pipeline: str,
-    params: dict[str, Any],
-    run: AirflowRun,
-    entry: dict[str, Any],
-) -> dict[str, Any]:
+def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     """Train and score one planned strategy into its own child run of the parent run.
 
     Always from scratch (a re-run replaces the strategy's child run and checkpoints). A failure
@@ -137,26 +291,27 @@ def train_strategy(
     """
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training.strategies import StrategyUnavailableError
-    from tasks import steps
+    from tasks.evaluate import score_test_split
+    from tasks.train import run_training
 
-    spec = benchmark_spec(pipeline, params)
-    strategy = entry["strategy"]
-    if entry["unavailable"]:
-        training = replace(spec.training, **entry["overrides"])  # described, never trained
+    spec = entry.run_config
+    strategy = entry.strategy
+    if entry.unavailable:
+        training = replace(spec.training, **entry.overrides)  # described, never trained
     else:
-        training = override_training(spec.training, entry["overrides"])
+        training = override_training(spec.training, entry.overrides)
     strategy_spec = replace(spec, training=training)
-    dataset = entry["dataset"]
-    child_run_id = _fresh_child_run(strategy_spec, run, entry["parent_run_id"], dataset)
+    dataset = entry.dataset
+    child_run_id = _fresh_child_run(strategy_spec, run, entry.parent_run_id, dataset.to_dict())
     run_dir = settings.run_dir(run.dag_id, run.run_id) / strategy
     settings.remove_run_dir(run.dag_id, run.run_id, strategy)
     try:
-        if entry["unavailable"]:
+        if entry.unavailable:
             raise StrategyUnavailableError(
-                f"strategy {strategy!r} cannot run on this host: {entry['unavailable']}"
+                f"strategy {strategy!r} cannot run on this host: {entry.unavailable}"
             )
-        result = steps.run_training(strategy_spec, dataset, run_dir, child_run_id)
-        evaluation = steps.score_test_split(
+        result = run_training(strategy_spec, dataset, run_dir, child_run_id)
+        evaluation = score_test_split(
             dataset,
             result["model_path"],
             child_run_id,
@@ -180,17 +335,15 @@ def train_strategy(
         raise
     finally:
         settings.remove_run_dir(run.dag_id, run.run_id, strategy)  # the benchmark keeps no model
-    logger.info("%s: test_accuracy %.4f", entry["label"], evaluation.test_accuracy)
-    return {
-        "strategy": strategy,
-        "mlflow_run_id": child_run_id,
-        "test_accuracy": evaluation.test_accuracy,
-    }
+    logger.info("%s: test_accuracy %.4f", entry.label, evaluation.test_accuracy)
+    return StrategyResult(
+        strategy=strategy, mlflow_run_id=child_run_id, test_accuracy=evaluation.test_accuracy
+    )
 
 
 def compare(
-    pipeline: str, params: dict[str, Any], run: AirflowRun, planned: list[dict[str, Any]] | None
-) -> dict[str, Any]:
+    pipeline: str, run: AirflowRun, planned: list[PlannedStrategy] | None
+) -> BenchmarkOutcome:
     """Read the child runs, write the comparison on the parent run and tag the recommendation.
 
     A strategy whose training failed (or never finished) is listed as failed with its error. The
@@ -208,8 +361,8 @@ def compare(
             "the benchmark's first task (plan_strategies) did not succeed, so no strategy was "
             "trained; its log says why"
         )
-    spec = benchmark_spec(pipeline, params)
-    parent_run_id = planned[0]["parent_run_id"]
+    spec = planned[0].run_config
+    parent_run_id = planned[0].parent_run_id
     children = {
         child.data.tags.get("strategy"): child
         for child in mlflow_client.search_runs(
@@ -217,8 +370,8 @@ def compare(
             filter_string=f"tags.`{names.PARENT_RUN_TAG}` = '{parent_run_id}'",
         )
     }
-    rows = [_row(mlflow_client, entry, children.get(entry["strategy"])) for entry in planned]
-    tolerance = _tolerance(params)
+    rows = [_row(mlflow_client, entry, children.get(entry.strategy)) for entry in planned]
+    tolerance = planned[0].tolerance
     recommendation = recommend(rows, tolerance)
     comparison = {
         "pipeline": pipeline,
@@ -250,12 +403,12 @@ def compare(
     )
     mlflow_runs.finish_run(parent_run_id)
     logger.info("recommended for this host: %s", recommendation["reason"])
-    return {
-        "parent_run_id": parent_run_id,
-        "recommended_strategy": recommendation["strategy"],
-        "succeeded": [row["strategy"] for row in rows if row["status"] == "succeeded"],
-        "failed": [row["strategy"] for row in rows if row["status"] != "succeeded"],
-    }
+    return BenchmarkOutcome(
+        parent_run_id=parent_run_id,
+        recommended_strategy=recommendation["strategy"],
+        succeeded=[row["strategy"] for row in rows if row["status"] == "succeeded"],
+        failed=[row["strategy"] for row in rows if row["status"] != "succeeded"],
+    )
 
 
 def write_comparison(mlflow_client: Any, parent_run_id: str, comparison: dict[str, Any]) -> None:
@@ -347,8 +500,8 @@ def _fresh_child_run(
     return mlflow_runs.create_described_run(mlflow_client, experiment_id, spec, tags, dataset)
 
 
-def _row(mlflow_client: Any, entry: dict[str, Any], child: Any | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"strategy": entry["strategy"], "label": entry["label"]}
+def _row(mlflow_client: Any, entry: PlannedStrategy, child: Any | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"strategy": entry.strategy, "label": entry.label}
     if child is None:
         return {**row, "status": "failed", "error": "its training task never started"}
     row["mlflow_run_id"] = child.info.run_id
