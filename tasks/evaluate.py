@@ -13,15 +13,15 @@ from stratoflow.config import names
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.evaluation import GateDecision
 from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, checked_fields, freezes_heap, typed
+from tasks.run_context import AirflowRun, XComResult, freezes_heap
 from tasks.train import TrainedModel
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """What `evaluate` hands to the registration task.
+class Evaluation(XComResult):
+    """What `evaluate` hands to the registration task (the XCom of `evaluate_model`).
 
     Attributes:
         mlflow_run_id: the DAG run's MLflow run.
@@ -35,43 +35,7 @@ class Evaluation:
     test_accuracy: float
     gate: GateDecision
 
-    def to_dict(self) -> dict[str, Any]:
-        """The result as a JSON dict (the XCom of `evaluate_model`)."""
-        return {
-            "mlflow_run_id": self.mlflow_run_id,
-            "test_loss": self.test_loss,
-            "test_accuracy": self.test_accuracy,
-            "gate": self.gate.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Evaluation:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.EVALUATE_TASK}"
-        values = checked_fields(cls, data, what)
-        gate = checked_fields(GateDecision, values["gate"], f"{what}: gate")
-        version, accuracy = gate.get("champion_version"), gate.get("champion_accuracy")
-        return cls(
-            mlflow_run_id=typed(values["mlflow_run_id"], str, "mlflow_run_id", what),
-            test_loss=typed(values["test_loss"], float, "test_loss", what),
-            test_accuracy=typed(values["test_accuracy"], float, "test_accuracy", what),
-            gate=GateDecision(
-                passed=typed(gate["passed"], bool, "gate.passed", what),
-                reasons=[
-                    str(r) for r in typed(gate.get("reasons", []), list, "gate.reasons", what)
-                ],
-                champion_version=None if version is None else str(version),
-                champion_accuracy=(
-                    None
-                    if accuracy is None
-                    else typed(accuracy, float, "gate.champion_accuracy", what)
-                ),
-            ),
-        )
+    PRODUCER = names.EVALUATE_TASK
 
 
 @freezes_heap

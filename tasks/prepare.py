@@ -17,6 +17,7 @@ from stratoflow.data.datasets import DatasetRef
 from tasks.run_context import (
     AirflowRun,
     PayloadError,
+    XComResult,
     config_from_dict,
     config_to_dict,
     freezes_heap,
@@ -29,8 +30,11 @@ MLFLOW_RUN_KEY = "mlflow_run_id"
 
 
 @dataclass(frozen=True)
-class PreparedDataset:
-    """What `prepare` hands to every later task of the DAG run.
+class PreparedDataset(XComResult):
+    """What `prepare` hands to every later task of the DAG run (the XCom of `prepare_dataset`).
+
+    Its dict keeps the dataset reference's keys at the top, beside `mlflow_run_id` and
+    `run_config`.
 
     Attributes:
         dataset: the prepared dataset.
@@ -41,6 +45,8 @@ class PreparedDataset:
     dataset: DatasetRef
     mlflow_run_id: str
     run_config: PipelineSpec
+
+    PRODUCER = names.PREPARE_TASK
 
     def to_dict(self) -> dict[str, Any]:
         """The dataset reference's keys, `mlflow_run_id` and `run_config` (a JSON dict)."""
@@ -57,7 +63,7 @@ class PreparedDataset:
         Raises:
             PayloadError: a key is missing or unknown, or a value is invalid (named).
         """
-        what = f"the result of {names.PREPARE_TASK}"
+        what = f"the result of {cls.PRODUCER}"
         if not isinstance(data, dict):
             raise PayloadError(f"{what}: expected a dict, got {type(data).__name__}")
         missing = [key for key in (MLFLOW_RUN_KEY, RUN_CONFIG_KEY) if key not in data]

@@ -7,10 +7,9 @@ asset event with its result as the event's extra, which retrains every pipeline 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from stratoflow.config import names
-from tasks.run_context import checked_fields, typed
+from tasks.run_context import XComResult
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class PreparedVersion:
 
 
 @dataclass(frozen=True)
-class RefreshedDataset:
+class RefreshedDataset(XComResult):
     """What `refresh_dataset` found or built: the asset event's extra and the task's XCom.
 
     Attributes:
@@ -40,44 +39,7 @@ class RefreshedDataset:
     dataset: str
     versions: dict[str, PreparedVersion]
 
-    def to_dict(self) -> dict[str, Any]:
-        """`{"dataset": name, "versions": {version: {"fingerprint", "built", "split_sizes"}}}`."""
-        return {
-            "dataset": self.dataset,
-            "versions": {
-                key: {
-                    "fingerprint": version.fingerprint,
-                    "built": version.built,
-                    "split_sizes": dict(version.split_sizes),
-                }
-                for key, version in self.versions.items()
-            },
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> RefreshedDataset:
-        """Rebuild it from `to_dict()` output (an XCom, or an asset event's extra).
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.REFRESH_TASK}"
-        values = checked_fields(cls, data, what)
-        versions = {}
-        for key, version in typed(values["versions"], dict, "versions", what).items():
-            where = f"{what}: versions.{key}"
-            fields = checked_fields(PreparedVersion, version, where)
-            versions[str(key)] = PreparedVersion(
-                fingerprint=typed(fields["fingerprint"], str, "fingerprint", where),
-                built=typed(fields["built"], bool, "built", where),
-                split_sizes={
-                    str(role): typed(size, int, f"split_sizes.{role}", where)
-                    for role, size in typed(
-                        fields["split_sizes"], dict, "split_sizes", where
-                    ).items()
-                },
-            )
-        return cls(dataset=typed(values["dataset"], str, "dataset", what), versions=versions)
+    PRODUCER = names.REFRESH_TASK
 
 
 def refresh_dataset(dataset: str) -> RefreshedDataset:

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.tracking.model_registry import RegistrationResult
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, checked_fields, freezes_heap, typed
+from tasks.run_context import AirflowRun, XComResult, freezes_heap
 from tasks.train import TrainedModel
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Registration(RegistrationResult):
+class Registration(RegistrationResult, XComResult):
     """The model version `log_and_register` registered, and the DAG run's MLflow run.
 
     `to_dict()` (inherited) is the XCom of `log_and_register`: the registered model, version,
@@ -26,26 +25,7 @@ class Registration(RegistrationResult):
 
     mlflow_run_id: str
 
-    @classmethod
-    def from_dict(cls, data: Any) -> Registration:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.REGISTER_TASK}"
-        values = checked_fields(cls, data, what)
-        return cls(
-            registered_model=typed(values["registered_model"], str, "registered_model", what),
-            version=typed(values["version"], str, "version", what),
-            model_uri=typed(values["model_uri"], str, "model_uri", what),
-            aliases=[
-                typed(alias, str, "aliases", what)
-                for alias in typed(values["aliases"], list, "aliases", what)
-            ],
-            promoted=typed(values["promoted"], bool, "promoted", what),
-            mlflow_run_id=typed(values["mlflow_run_id"], str, "mlflow_run_id", what),
-        )
+    PRODUCER = names.REGISTER_TASK
 
 
 @freezes_heap

@@ -8,11 +8,14 @@ MLflow).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from stratoflow.config import settings
 from stratoflow.config.spec import (
@@ -23,6 +26,7 @@ from stratoflow.config.spec import (
     override_spec,
     parse_spec,
 )
+from stratoflow.data.datasets import DatasetRef
 
 Step = TypeVar("Step", bound=Callable[..., Any])
 Value = TypeVar("Value")
@@ -30,6 +34,84 @@ Value = TypeVar("Value")
 
 class PayloadError(ValueError):
     """A task's input from XCom is not the typed result it expects; the message names the key."""
+
+
+class XComResult:
+    """A task's typed result, which crosses XCom as a small JSON dict.
+
+    A subclass is a dataclass naming the task whose XCom it is (`PRODUCER`). Its fields may be
+    JSON scalars, lists, dicts, `DatasetRef`, `PipelineSpec` (the run configuration) or other
+    dataclasses; `to_dict` turns them into JSON types and `from_dict` checks every key and type
+    on the way back.
+    """
+
+    PRODUCER: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as plain JSON types (what XCom stores)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self:
+        """Rebuild the result from `to_dict()` output.
+
+        Raises:
+            PayloadError: a key is missing or unknown, or a value has the wrong type; the message
+                names the task it came from and the key.
+        """
+        return typing.cast(Self, _build(cls, data, f"the result of {cls.PRODUCER}"))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DatasetRef):
+        return value.to_dict()
+    if isinstance(value, PipelineSpec):
+        return config_to_dict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _build(cls: type, data: Any, what: str, prefix: str = "") -> Any:
+    """Dataclass `cls` from `data`; `prefix` is the path of a nested one (e.g. "gate.")."""
+    values = checked_fields(cls, data, f"{what}: {prefix[:-1]}" if prefix else what)
+    hints = typing.get_type_hints(cls)
+    return cls(
+        **{key: _typed_as(hints[key], value, prefix + key, what) for key, value in values.items()}
+    )
+
+
+def _typed_as(hint: Any, value: Any, key: str, what: str) -> Any:
+    """`value` as type `hint`: checked, and rebuilt when `hint` is a dataclass."""
+    if hint is Any:
+        return value
+    if hint is DatasetRef:
+        try:
+            return DatasetRef.from_dict(typed(value, dict, key, what))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise PayloadError(f"{what}: {key} is not a dataset reference: {error}") from None
+    if hint is PipelineSpec:
+        return config_from_dict(value, f"{what}: {key}")
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _build(hint, value, what, prefix=f"{key}.")
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [arg for arg in args if arg is not type(None)]
+        return _typed_as(hint, value, key, what)
+    if origin is dict:
+        return {
+            str(name): _typed_as(args[1], item, f"{key}.{name}", what)
+            for name, item in typed(value, dict, key, what).items()
+        }
+    if origin is list:
+        return [_typed_as(args[0], item, key, what) for item in typed(value, list, key, what)]
+    return typed(value, hint, key, what)
 
 
 def freezes_heap(step: Step) -> Step:

@@ -35,14 +35,7 @@ from stratoflow.training.strategy_benchmark import (
     steady_throughput,
     threshold_reached,
 )
-from tasks.run_context import (
-    AirflowRun,
-    PayloadError,
-    checked_fields,
-    config_from_dict,
-    config_to_dict,
-    typed,
-)
+from tasks.run_context import AirflowRun, XComResult
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +44,10 @@ MAX_ERROR_CHARS = 6000
 
 
 @dataclass(frozen=True)
-class PlannedStrategy:
+class PlannedStrategy(XComResult):
     """One strategy of the plan: what its `train_strategy` task instance needs, and `compare`.
+
+    The XCom of `plan_strategies` is a list of them, which the DAG maps `train_strategy` over.
 
     Attributes:
         strategy: the strategy's name (the mapped task instance is named after it).
@@ -75,81 +70,22 @@ class PlannedStrategy:
     run_config: PipelineSpec
     tolerance: float
 
-    def to_dict(self) -> dict[str, Any]:
-        """The entry as a JSON dict (one element of the XCom of `plan_strategies`)."""
-        return {
-            "strategy": self.strategy,
-            "label": self.label,
-            "overrides": dict(self.overrides),
-            "unavailable": self.unavailable,
-            "parent_run_id": self.parent_run_id,
-            "dataset": self.dataset.to_dict(),
-            "run_config": config_to_dict(self.run_config),
-            "tolerance": self.tolerance,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> PlannedStrategy:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"an entry of the result of {names.PLAN_STRATEGIES_TASK}"
-        values = checked_fields(cls, data, what)
-        unavailable = values["unavailable"]
-        try:
-            dataset = DatasetRef.from_dict(typed(values["dataset"], dict, "dataset", what))
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise PayloadError(f"{what}: its dataset reference is invalid: {error}") from None
-        return cls(
-            strategy=typed(values["strategy"], str, "strategy", what),
-            label=typed(values["label"], str, "label", what),
-            overrides=typed(values["overrides"], dict, "overrides", what),
-            unavailable=None
-            if unavailable is None
-            else typed(unavailable, str, "unavailable", what),
-            parent_run_id=typed(values["parent_run_id"], str, "parent_run_id", what),
-            dataset=dataset,
-            run_config=config_from_dict(values["run_config"], f"{what}: run_config"),
-            tolerance=typed(values["tolerance"], float, "tolerance", what),
-        )
+    PRODUCER = names.PLAN_STRATEGIES_TASK
 
 
 @dataclass(frozen=True)
-class StrategyResult:
+class StrategyResult(XComResult):
     """What one `train_strategy` task instance reports (its numbers are in its child run)."""
 
     strategy: str
     mlflow_run_id: str
     test_accuracy: float
 
-    def to_dict(self) -> dict[str, Any]:
-        """The result as a JSON dict (the XCom of one `train_strategy` instance)."""
-        return {
-            "strategy": self.strategy,
-            "mlflow_run_id": self.mlflow_run_id,
-            "test_accuracy": self.test_accuracy,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> StrategyResult:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.TRAIN_STRATEGY_TASK}"
-        values = checked_fields(cls, data, what)
-        return cls(
-            strategy=typed(values["strategy"], str, "strategy", what),
-            mlflow_run_id=typed(values["mlflow_run_id"], str, "mlflow_run_id", what),
-            test_accuracy=typed(values["test_accuracy"], float, "test_accuracy", what),
-        )
+    PRODUCER = names.TRAIN_STRATEGY_TASK
 
 
 @dataclass(frozen=True)
-class BenchmarkOutcome:
+class BenchmarkOutcome(XComResult):
     """What `compare` concluded (the comparison itself is on the parent run)."""
 
     parent_run_id: str
@@ -157,32 +93,7 @@ class BenchmarkOutcome:
     succeeded: list[str]
     failed: list[str]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The result as a JSON dict (the XCom of `compare_strategies`)."""
-        return {
-            "parent_run_id": self.parent_run_id,
-            "recommended_strategy": self.recommended_strategy,
-            "succeeded": list(self.succeeded),
-            "failed": list(self.failed),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> BenchmarkOutcome:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.COMPARE_STRATEGIES_TASK}"
-        values = checked_fields(cls, data, what)
-        return cls(
-            parent_run_id=typed(values["parent_run_id"], str, "parent_run_id", what),
-            recommended_strategy=typed(
-                values["recommended_strategy"], str, "recommended_strategy", what
-            ),
-            succeeded=[str(s) for s in typed(values["succeeded"], list, "succeeded", what)],
-            failed=[str(s) for s in typed(values["failed"], list, "failed", what)],
-        )
+    PRODUCER = names.COMPARE_STRATEGIES_TASK
 
 
 def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:

@@ -14,12 +14,12 @@ from stratoflow.config import names, settings
 from stratoflow.config.spec import PipelineSpec
 from stratoflow.data.datasets import DatasetRef
 from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, checked_fields, config_to_dict, freezes_heap, typed
+from tasks.run_context import AirflowRun, XComResult, config_to_dict, freezes_heap
 
 
 @dataclass(frozen=True)
-class TrainedModel:
-    """What `train` hands to the evaluation and registration tasks.
+class TrainedModel(XComResult):
+    """What `train` hands to the evaluation and registration tasks (the XCom of `train_model`).
 
     Attributes:
         mlflow_run_id: the DAG run's MLflow run.
@@ -39,40 +39,7 @@ class TrainedModel:
     resumed_from_epoch: int
     final_epoch: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The result as a JSON dict (the XCom of `train_model`)."""
-        return {
-            "mlflow_run_id": self.mlflow_run_id,
-            "model_path": self.model_path,
-            "num_replicas": self.num_replicas,
-            "num_workers": self.num_workers,
-            "epochs": self.epochs,
-            "resumed_from_epoch": self.resumed_from_epoch,
-            "final_epoch": dict(self.final_epoch),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> TrainedModel:
-        """Rebuild it from `to_dict()` output.
-
-        Raises:
-            PayloadError: a key is missing or unknown, or a value has the wrong type (named).
-        """
-        what = f"the result of {names.TRAIN_TASK}"
-        values = checked_fields(cls, data, what)
-        final = values.get("final_epoch") or {}
-        return cls(
-            mlflow_run_id=typed(values["mlflow_run_id"], str, "mlflow_run_id", what),
-            model_path=typed(values["model_path"], str, "model_path", what),
-            num_replicas=typed(values["num_replicas"], int, "num_replicas", what),
-            num_workers=typed(values["num_workers"], int, "num_workers", what),
-            epochs=typed(values["epochs"], int, "epochs", what),
-            resumed_from_epoch=typed(values["resumed_from_epoch"], int, "resumed_from_epoch", what),
-            final_epoch={
-                str(k): v if isinstance(v, int) else typed(v, float, f"final_epoch.{k}", what)
-                for k, v in typed(final, dict, "final_epoch", what).items()
-            },
-        )
+    PRODUCER = names.TRAIN_TASK
 
 
 @freezes_heap
