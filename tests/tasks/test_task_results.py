@@ -197,7 +197,7 @@ def bad_payloads() -> list[Any]:
 @pytest.mark.parametrize(
     ("cls", "payload", "message"),
     bad_payloads(),
-    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+    ids=[f"{cls.__name__}-{n}" for n, (cls, *_) in enumerate(bad_payloads())],
 )
 def test_a_bad_payload_is_refused_naming_its_task_and_key(
     cls: Any, payload: Any, message: str
