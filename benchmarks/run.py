@@ -96,7 +96,8 @@ def _in_process(mode: str) -> dict[str, Any]:
 
 def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import prepare, train
+    from tasks.run_context import AirflowRun
 
     cores = str(os.cpu_count() or 1)
     variants: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
@@ -112,23 +113,23 @@ def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
     for _ in range(CLUSTER_REPEATS):
         for name, (params, env) in variants.items():
             params = {**params, "epochs": CLUSTER_EPOCHS}
-            run = steps.AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
+            run = AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
             saved = {key: os.environ.get(key) for key in env}
             os.environ.update(env)
             try:
-                dataset = steps.prepare("mnist", params, run)
+                prepared = prepare.prepare("mnist", params, run)
                 started = time.perf_counter()
-                trained = steps.train("mnist", params, run, dataset)
+                trained = train.train(run, prepared)
                 wall = time.perf_counter() - started
             finally:
                 for key, value in saved.items():
                     os.environ.pop(key, None) if value is None else os.environ.update({key: value})
             client = mlflow_runs.client()
             rates = sorted(
-                client.get_metric_history(trained["mlflow_run_id"], "examples_per_second"),
+                client.get_metric_history(trained.mlflow_run_id, "examples_per_second"),
                 key=lambda m: m.step,
             )
-            metrics = client.get_run(trained["mlflow_run_id"]).data.metrics
+            metrics = client.get_run(trained.mlflow_run_id).data.metrics
             figures[name].append(
                 {
                     "examples_per_second": statistics.median(m.value for m in rates[1:]),

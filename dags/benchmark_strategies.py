@@ -14,33 +14,15 @@ it locally with `stratoflow benchmark <pipeline>`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, TriggerRule, task
+from airflow.sdk import DAG, TriggerRule, task
 
-from dags.refusals import no_retry_on_refusal
+from dags import factory
 from stratoflow.config import names
 from stratoflow.config.params import benchmark_params
-from stratoflow.config.spec import PipelineSpec, list_pipelines, load_spec
-
-START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def _airflow_run(context: Any) -> Any:
-    from tasks.steps import AirflowRun
-
-    return AirflowRun.from_context(context)
-
-
-def _mark_parent_failed(pipeline: str) -> Callable[[Any], None]:
-    def mark_parent_failed(context: Any) -> None:
-        from tasks import strategy_benchmark
-
-        strategy_benchmark.mark_parent_failed(pipeline, _airflow_run(context))
-
-    return mark_parent_failed
+from stratoflow.config.spec import PipelineSpec, list_pipelines
+from stratoflow.training.validation import load_pipeline
 
 
 def build_dag(spec: PipelineSpec) -> DAG:
@@ -54,33 +36,32 @@ def build_dag(spec: PipelineSpec) -> DAG:
         instance per strategy) → compare_strategies. Manual trigger only.
     """
     pipeline = spec.name
-    with DAG(
-        dag_id=names.benchmark_dag_id(pipeline),
+    with factory.new_dag(
+        names.benchmark_dag_id(pipeline),
+        defaults=factory.spec_defaults(spec),
+        params=benchmark_params(spec),
         description=f"Benchmark the tf.distribute strategies on pipeline {pipeline}",
         doc_md=(__doc__ or "").strip(),
         schedule=None,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,  # two benchmarks at once would measure each other
-        tags=sorted({*spec.tags, "stratoflow", "benchmark"}),
-        params={name: Param(**kwargs) for name, kwargs in benchmark_params(spec).items()},
-        default_args={
-            "owner": spec.owner,
-            "retries": spec.retries,
-            "retry_delay": timedelta(seconds=spec.retry_delay_seconds),
-        },
+        tags=factory.spec_tags(spec, "benchmark"),
     ) as dag:
+        # max_active_runs=1 (the factory's): two benchmarks at once would measure each other.
 
-        @task(on_failure_callback=_mark_parent_failed(pipeline))
-        @no_retry_on_refusal
+        @factory.refusing_task(
+            task_id=names.PLAN_STRATEGIES_TASK,
+            on_failure_callback=factory.mark_benchmark_failed(pipeline),
+        )
         def plan_strategies(**context: Any) -> list[dict[str, Any]]:
             from tasks import strategy_benchmark
 
-            return strategy_benchmark.plan(pipeline, context["params"], _airflow_run(context))
+            run = factory.airflow_run(context)
+            planned = strategy_benchmark.plan(pipeline, context["params"], run)
+            return [entry.to_dict() for entry in planned]
 
         # retries=0: a failed strategy is a result to report, and a retry would resume from
         # checkpoints and time a different run. One at a time: parallel trainings share cores.
         @task(
+            task_id=names.TRAIN_STRATEGY_TASK,
             retries=0,
             max_active_tis_per_dag=1,
             map_index_template="{{ task.op_kwargs['entry']['strategy'] }}",
@@ -88,23 +69,27 @@ def build_dag(spec: PipelineSpec) -> DAG:
         def train_strategy(entry: dict[str, Any], **context: Any) -> dict[str, Any]:
             from tasks import strategy_benchmark
 
-            return strategy_benchmark.train_strategy(
-                pipeline, context["params"], _airflow_run(context), entry
-            )
+            run = factory.airflow_run(context)
+            planned = strategy_benchmark.PlannedStrategy.from_dict(entry)
+            return strategy_benchmark.train_strategy(run, planned).to_dict()
 
-        @task(
+        @factory.refusing_task(
+            task_id=names.COMPARE_STRATEGIES_TASK,
             trigger_rule=TriggerRule.ALL_DONE,  # compare whatever finished, failures included
-            on_failure_callback=_mark_parent_failed(pipeline),
+            on_failure_callback=factory.mark_benchmark_failed(pipeline),
         )
-        @no_retry_on_refusal
         def compare_strategies(
             planned: list[dict[str, Any]] | None, **context: Any
         ) -> dict[str, Any]:
             from tasks import strategy_benchmark
 
-            return strategy_benchmark.compare(
-                pipeline, context["params"], _airflow_run(context), planned
+            run = factory.airflow_run(context)
+            entries = (
+                None
+                if planned is None
+                else [strategy_benchmark.PlannedStrategy.from_dict(entry) for entry in planned]
             )
+            return strategy_benchmark.compare(pipeline, run, entries).to_dict()
 
         planned: Any = plan_strategies()
         trained = train_strategy.expand(entry=planned)
@@ -112,6 +97,4 @@ def build_dag(spec: PipelineSpec) -> DAG:
     return dag
 
 
-for _pipeline in list_pipelines():
-    _dag = build_dag(load_spec(_pipeline))
-    globals()[_dag.dag_id] = _dag
+factory.publish(globals(), (build_dag(load_pipeline(pipeline)) for pipeline in list_pipelines()))

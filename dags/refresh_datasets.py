@@ -11,11 +11,12 @@ asset event through the REST API (`POST /api/v2/assets/events`) triggers the ret
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import DAG, task
 
+from dags import factory
 from stratoflow.config import names
 from stratoflow.config.assets import (
     dataset_asset,
@@ -23,7 +24,6 @@ from stratoflow.config.assets import (
     pipelines_reading,
 )
 
-START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
 OWNER = "ml-platform"
 RETRIES = 1
 RETRY_DELAY = timedelta(seconds=30)
@@ -37,24 +37,21 @@ def build_dag(dataset: str) -> DAG:
     """
     asset = dataset_asset(dataset)
     readers = pipelines_reading(dataset)
-    with DAG(
-        dag_id=names.refresh_dag_id(dataset),
+    with factory.new_dag(
+        names.refresh_dag_id(dataset),
+        defaults={"owner": OWNER, "retries": RETRIES, "retry_delay": RETRY_DELAY},
         description=f"Refresh {dataset}; retrains {', '.join(readers)}.",
         doc_md=(__doc__ or "").strip()
         + f"\n\n## Dataset `{dataset}`\n\nRead by the pipelines: {', '.join(readers)}.",
         schedule=None,
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
         tags=["stratoflow", "dataset", dataset],
-        default_args={"owner": OWNER, "retries": RETRIES, "retry_delay": RETRY_DELAY},
     ) as dag:
 
-        @task(outlets=[asset], multiple_outputs=False)
+        @task(task_id=names.REFRESH_TASK, outlets=[asset], multiple_outputs=False)
         def refresh(**context: Any) -> dict[str, Any]:
-            from tasks import steps
+            from tasks.refresh import refresh_dataset
 
-            result = steps.refresh_dataset(dataset)
+            result = refresh_dataset(dataset).to_dict()
             context["outlet_events"][asset].extra = result  # travels with the asset event
             return result
 
@@ -62,6 +59,4 @@ def build_dag(dataset: str) -> DAG:
     return dag
 
 
-for _dataset in datasets_in_use():
-    _dag = build_dag(_dataset)
-    globals()[_dag.dag_id] = _dag
+factory.publish(globals(), (build_dag(dataset) for dataset in datasets_in_use()))

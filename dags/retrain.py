@@ -18,59 +18,16 @@ cannot split) fails `prepare_dataset` at once, without a retry and before any ML
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from dags.refusals import no_retry_on_refusal
+from dags import factory
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
-from stratoflow.config.spec import PipelineSpec, list_pipelines, load_spec
-
-# Fixed and in the past: with catchup off, only the next scheduled slot (or a trigger) runs.
-START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def _airflow_run(context: Any) -> Any:
-    from tasks.steps import AirflowRun
-
-    return AirflowRun.from_context(context)
-
-
-def _clean_up_on_failure(pipeline: str) -> Callable[[Any], None]:
-    # Airflow 3 calls on_failure_callback only when a task has failed for good; a failure that
-    # will be retried calls on_retry_callback instead, so a retry keeps its checkpoints.
-    def clean_up_failed_run(context: Any) -> None:
-        from tasks import steps
-
-        run = _airflow_run(context)
-        # A refusal in the first try of the first task came before any MLflow call
-        # (`tasks.steps.prepare` resolves the config first): nothing to undo there.
-        refused_at_once = (
-            context["ti"].task_id == "prepare_dataset"
-            and run.try_number == 1
-            and isinstance(context.get("exception"), AirflowFailException)
-        )
-        steps.clean_up_failed_run(pipeline, run, tracked=not refused_at_once)
-
-    return clean_up_failed_run
-
-
-def _end_runs_left_running(pipeline: str) -> Callable[[Any], None]:
-    # A task process killed outright (SIGKILL, OOM) runs no failure callback: its supervisor
-    # just reports the task failed. The DAG run's failure callback (run by the DAG processor)
-    # then finds its MLflow run still RUNNING and ends it KILLED.
-    def end_runs_left_running(context: Any) -> None:
-        from tasks import steps
-
-        run = steps.AirflowRun(context["dag"].dag_id, context["run_id"])
-        steps.clean_up_stopped_run(pipeline, run)
-
-    return end_runs_left_running
+from stratoflow.config.spec import PipelineSpec, list_pipelines
+from stratoflow.training.validation import load_pipeline
 
 
 def schedule_for(spec: PipelineSpec) -> Any:
@@ -110,73 +67,75 @@ def build_dag(spec: PipelineSpec) -> DAG:
         log_and_register.
     """
     pipeline = spec.name
-    with DAG(
-        dag_id=names.retrain_dag_id(pipeline),
+    with factory.new_dag(
+        names.retrain_dag_id(pipeline),
+        defaults=factory.spec_defaults(
+            spec, on_failure_callback=factory.clean_up_failed_run(pipeline)
+        ),
+        params=dag_params(spec),
         description=spec.description,
         doc_md=_doc_md(spec),
         schedule=schedule_for(spec),
-        start_date=START_DATE,
-        catchup=False,
-        max_active_runs=1,
-        tags=sorted({*spec.tags, "stratoflow"}),
-        params={name: Param(**kwargs) for name, kwargs in dag_params(spec).items()},
-        on_failure_callback=_end_runs_left_running(pipeline),
-        default_args={
-            "owner": spec.owner,
-            "retries": spec.retries,
-            "retry_delay": timedelta(seconds=spec.retry_delay_seconds),
-            "on_failure_callback": _clean_up_on_failure(pipeline),
-        },
+        tags=factory.spec_tags(spec),
+        on_failure_callback=factory.end_runs_left_running(pipeline),
     ) as dag:
         # multiple_outputs=False: each result travels as one small dict, not one XCom per key.
+        # The configuration is resolved once, by the first task, and travels in its result.
 
-        @task(multiple_outputs=False)
-        @no_retry_on_refusal
+        @factory.refusing_task(task_id=names.PREPARE_TASK, multiple_outputs=False)
         def prepare_dataset(**context: Any) -> dict[str, Any]:
-            from tasks import steps
+            from tasks import prepare
 
-            return steps.prepare(pipeline, context["params"], _airflow_run(context))
+            run = factory.airflow_run(context)
+            return prepare.prepare(pipeline, context["params"], run).to_dict()
 
-        @task(multiple_outputs=False)
-        @no_retry_on_refusal
-        def train_model(dataset: dict[str, Any], **context: Any) -> dict[str, Any]:
-            from tasks import steps
+        @factory.refusing_task(task_id=names.TRAIN_TASK, multiple_outputs=False)
+        def train_model(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
+            from tasks import train
+            from tasks.prepare import PreparedDataset
 
-            return steps.train(pipeline, context["params"], _airflow_run(context), dataset)
+            run = factory.airflow_run(context)
+            return train.train(run, PreparedDataset.from_dict(prepared)).to_dict()
 
-        @task(multiple_outputs=False)
-        @no_retry_on_refusal
+        @factory.refusing_task(task_id=names.EVALUATE_TASK, multiple_outputs=False)
         def evaluate_model(
-            dataset: dict[str, Any], training: dict[str, Any], **context: Any
+            prepared: dict[str, Any], trained: dict[str, Any], **context: Any
         ) -> dict[str, Any]:
-            from tasks import steps
+            from tasks import evaluate
+            from tasks.prepare import PreparedDataset
+            from tasks.train import TrainedModel
 
-            return steps.evaluate(
-                pipeline, context["params"], _airflow_run(context), dataset, training
-            )
+            run = factory.airflow_run(context)
+            return evaluate.evaluate(
+                run, PreparedDataset.from_dict(prepared), TrainedModel.from_dict(trained)
+            ).to_dict()
 
-        @task(task_id="log_and_register", multiple_outputs=False)
-        @no_retry_on_refusal
+        @factory.refusing_task(task_id=names.REGISTER_TASK, multiple_outputs=False)
         def log_and_register_model(
-            dataset: dict[str, Any],
-            training: dict[str, Any],
-            evaluation: dict[str, Any],
+            prepared: dict[str, Any],
+            trained: dict[str, Any],
+            evaluated: dict[str, Any],
             **context: Any,
         ) -> dict[str, Any]:
-            from tasks import steps
+            from tasks import register
+            from tasks.evaluate import Evaluation
+            from tasks.prepare import PreparedDataset
+            from tasks.train import TrainedModel
 
-            return steps.log_and_register(
-                pipeline, context["params"], _airflow_run(context), dataset, training, evaluation
-            )
+            run = factory.airflow_run(context)
+            return register.log_and_register(
+                run,
+                PreparedDataset.from_dict(prepared),
+                TrainedModel.from_dict(trained),
+                Evaluation.from_dict(evaluated),
+            ).to_dict()
 
         # At parse time these are XComArgs standing in for the dicts the tasks will receive.
-        dataset: Any = prepare_dataset()
-        training: Any = train_model(dataset)
-        evaluation: Any = evaluate_model(dataset, training)
-        log_and_register_model(dataset, training, evaluation)
+        prepared: Any = prepare_dataset()
+        trained: Any = train_model(prepared)
+        evaluated: Any = evaluate_model(prepared, trained)
+        log_and_register_model(prepared, trained, evaluated)
     return dag
 
 
-for _pipeline in list_pipelines():
-    _dag = build_dag(load_spec(_pipeline))
-    globals()[_dag.dag_id] = _dag
+factory.publish(globals(), (build_dag(load_pipeline(pipeline)) for pipeline in list_pipelines()))

@@ -20,7 +20,7 @@ Nothing here registers a model or moves an alias.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stratoflow.config import names, settings
@@ -28,6 +28,7 @@ from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
 from stratoflow.config.training import resolve_training
+from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
@@ -36,7 +37,7 @@ from stratoflow.training.strategy_benchmark import (
     steady_throughput,
     threshold_reached,
 )
-from tasks.steps import AirflowRun
+from tasks.run_context import AirflowRun, XComResult
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,63 @@ logger = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 6000
 
 
+@dataclass(frozen=True)
+class PlannedStrategy(XComResult):
+    """One strategy of the plan: what its `train_strategy` task instance needs, and `compare`.
+
+    The XCom of `plan_strategies` is a list of them, which the DAG maps `train_strategy` over.
+
+    Attributes:
+        strategy: the strategy's name (the mapped task instance is named after it).
+        label: how the comparison shows it, e.g. "mirrored (2 replicas)".
+        overrides: the training settings that make the benchmark's config this strategy's.
+        unavailable: why this host cannot run it (its training fails at once), or None.
+        parent_run_id: the benchmark's parent MLflow run.
+        dataset: the dataset, prepared once by `plan`.
+        run_config: the benchmark's resolved configuration (epochs and seed applied), before
+            the strategy's overrides.
+        tolerance: the throughput tolerance of the recommendation.
+    """
+
+    strategy: str
+    label: str
+    overrides: dict[str, Any]
+    unavailable: str | None
+    parent_run_id: str
+    dataset: DatasetRef
+    run_config: PipelineSpec
+    tolerance: float
+
+    PRODUCER = names.PLAN_STRATEGIES_TASK
+
+
+@dataclass(frozen=True)
+class StrategyResult(XComResult):
+    """What one `train_strategy` task instance reports (its numbers are in its child run)."""
+
+    strategy: str
+    mlflow_run_id: str
+    test_accuracy: float
+
+    PRODUCER = names.TRAIN_STRATEGY_TASK
+
+
+@dataclass(frozen=True)
+class BenchmarkOutcome(XComResult):
+    """What `compare` concluded (the comparison itself is on the parent run)."""
+
+    parent_run_id: str
+    recommended_strategy: str
+    succeeded: list[str]
+    failed: list[str]
+
+    PRODUCER = names.COMPARE_STRATEGIES_TASK
+
+
 def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     """The pipeline spec with the benchmark's `epochs` and `seed` applied, validated.
+
+    Called once per benchmark run, by `plan`; the result travels in each `PlannedStrategy`.
 
     Raises:
         SpecError: an unknown Param or an invalid value (named in the message).
@@ -79,15 +135,15 @@ def detect_host() -> HostDevices:
     return HostDevices(gpus=len(tf.config.list_physical_devices("GPU")), tpus=tpus)
 
 
-def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[str, Any]]:
+def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[PlannedStrategy]:
     """List the strategies to benchmark, prepare the dataset once, open the parent MLflow run.
 
     The plan (and the strategies left out, with why) is also logged as `benchmark/plan.json`.
 
     Returns:
-        The planned entries of `stratoflow.training.strategy_benchmark.plan_strategies` (which the
-        DAG maps the
-        training over), each with the `parent_run_id` and the `dataset` reference added.
+        The planned strategies of `stratoflow.training.strategy_benchmark.plan_strategies` (the
+        DAG maps the training over them), each with the parent run, the dataset and the
+        benchmark's resolved configuration.
     """
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs
@@ -97,7 +153,8 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[st
     for entry in planned:
         if not entry["unavailable"]:  # fail now, not after the first trainings
             resolve_training(spec.training, entry["overrides"])
-    reference = datasets.prepare_dataset(spec.dataset).to_dict()
+    prepared = datasets.prepare_dataset(spec.dataset)
+    reference = prepared.to_dict()
     parent_run_id = mlflow_runs.start_or_resume_tagged_run(
         spec,
         _parent_identity(run),
@@ -120,15 +177,23 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[dict[st
         ", ".join(e["label"] for e in planned),
         "; ".join(f"{name} ({reason})" for name, reason in not_run.items()) or "none",
     )
-    return [{**entry, "parent_run_id": parent_run_id, "dataset": reference} for entry in planned]
+    tolerance = _tolerance(params)
+    return [
+        PlannedStrategy(
+            strategy=entry["strategy"],
+            label=entry["label"],
+            overrides=dict(entry["overrides"]),
+            unavailable=entry["unavailable"],
+            parent_run_id=parent_run_id,
+            dataset=prepared,
+            run_config=spec,
+            tolerance=tolerance,
+        )
+        for entry in planned
+    ]
 
 
-def train_strategy(
-    pipeline: str,
-    params: dict[str, Any],
-    run: AirflowRun,
-    entry: dict[str, Any],
-) -> dict[str, Any]:
+def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     """Train and score one planned strategy into its own child run of the parent run.
 
     Always from scratch (a re-run replaces the strategy's child run and checkpoints). A failure
@@ -139,26 +204,27 @@ def train_strategy(
     """
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training.strategies import StrategyUnavailableError
-    from tasks import steps
+    from tasks.evaluate import score_test_split
+    from tasks.train import run_training
 
-    spec = benchmark_spec(pipeline, params)
-    strategy = entry["strategy"]
-    if entry["unavailable"]:
-        training = replace(spec.training, **entry["overrides"])  # described, never trained
+    spec = entry.run_config
+    strategy = entry.strategy
+    if entry.unavailable:
+        training = replace(spec.training, **entry.overrides)  # described, never trained
     else:
-        training = resolve_training(spec.training, entry["overrides"])
+        training = resolve_training(spec.training, entry.overrides)
     strategy_spec = replace(spec, training=training)
-    dataset = entry["dataset"]
-    child_run_id = _fresh_child_run(strategy_spec, run, entry["parent_run_id"], dataset)
+    dataset = entry.dataset
+    child_run_id = _fresh_child_run(strategy_spec, run, entry.parent_run_id, dataset.to_dict())
     run_dir = settings.run_dir(run.dag_id, run.run_id) / strategy
     settings.remove_run_dir(run.dag_id, run.run_id, strategy)
     try:
-        if entry["unavailable"]:
+        if entry.unavailable:
             raise StrategyUnavailableError(
-                f"strategy {strategy!r} cannot run on this host: {entry['unavailable']}"
+                f"strategy {strategy!r} cannot run on this host: {entry.unavailable}"
             )
-        result = steps.run_training(strategy_spec, dataset, run_dir, child_run_id)
-        evaluation = steps.score_test_split(
+        result = run_training(strategy_spec, dataset, run_dir, child_run_id)
+        evaluation = score_test_split(
             dataset,
             result["model_path"],
             child_run_id,
@@ -182,17 +248,15 @@ def train_strategy(
         raise
     finally:
         settings.remove_run_dir(run.dag_id, run.run_id, strategy)  # the benchmark keeps no model
-    logger.info("%s: test_accuracy %.4f", entry["label"], evaluation.test_accuracy)
-    return {
-        "strategy": strategy,
-        "mlflow_run_id": child_run_id,
-        "test_accuracy": evaluation.test_accuracy,
-    }
+    logger.info("%s: test_accuracy %.4f", entry.label, evaluation.test_accuracy)
+    return StrategyResult(
+        strategy=strategy, mlflow_run_id=child_run_id, test_accuracy=evaluation.test_accuracy
+    )
 
 
 def compare(
-    pipeline: str, params: dict[str, Any], run: AirflowRun, planned: list[dict[str, Any]] | None
-) -> dict[str, Any]:
+    pipeline: str, run: AirflowRun, planned: list[PlannedStrategy] | None
+) -> BenchmarkOutcome:
     """Read the child runs, write the comparison on the parent run and tag the recommendation.
 
     A strategy whose training failed (or never finished) is listed as failed with its error. The
@@ -210,8 +274,8 @@ def compare(
             "the benchmark's first task (plan_strategies) did not succeed, so no strategy was "
             "trained; its log says why"
         )
-    spec = benchmark_spec(pipeline, params)
-    parent_run_id = planned[0]["parent_run_id"]
+    spec = planned[0].run_config
+    parent_run_id = planned[0].parent_run_id
     children = {
         child.data.tags.get("strategy"): child
         for child in mlflow_client.search_runs(
@@ -219,8 +283,8 @@ def compare(
             filter_string=f"tags.`{names.PARENT_RUN_TAG}` = '{parent_run_id}'",
         )
     }
-    rows = [_row(mlflow_client, entry, children.get(entry["strategy"])) for entry in planned]
-    tolerance = _tolerance(params)
+    rows = [_row(mlflow_client, entry, children.get(entry.strategy)) for entry in planned]
+    tolerance = planned[0].tolerance
     recommendation = recommend(rows, tolerance)
     comparison = {
         "pipeline": pipeline,
@@ -252,12 +316,12 @@ def compare(
     )
     mlflow_runs.finish_run(parent_run_id)
     logger.info("recommended for this host: %s", recommendation["reason"])
-    return {
-        "parent_run_id": parent_run_id,
-        "recommended_strategy": recommendation["strategy"],
-        "succeeded": [row["strategy"] for row in rows if row["status"] == "succeeded"],
-        "failed": [row["strategy"] for row in rows if row["status"] != "succeeded"],
-    }
+    return BenchmarkOutcome(
+        parent_run_id=parent_run_id,
+        recommended_strategy=recommendation["strategy"],
+        succeeded=[row["strategy"] for row in rows if row["status"] == "succeeded"],
+        failed=[row["strategy"] for row in rows if row["status"] != "succeeded"],
+    )
 
 
 def write_comparison(mlflow_client: Any, parent_run_id: str, comparison: dict[str, Any]) -> None:
@@ -349,8 +413,8 @@ def _fresh_child_run(
     return mlflow_runs.create_described_run(mlflow_client, experiment_id, spec, tags, dataset)
 
 
-def _row(mlflow_client: Any, entry: dict[str, Any], child: Any | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"strategy": entry["strategy"], "label": entry["label"]}
+def _row(mlflow_client: Any, entry: PlannedStrategy, child: Any | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"strategy": entry.strategy, "label": entry.label}
     if child is None:
         return {**row, "status": "failed", "error": "its training task never started"}
     row["mlflow_run_id"] = child.info.run_id

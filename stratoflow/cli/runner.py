@@ -343,7 +343,8 @@ def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
     interrupted = _mark_dag_run_failed(db, dag_id, run_id)
     said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
     try:
-        from tasks.steps import AirflowRun, clean_up_stopped_run
+        from tasks.clean_up import clean_up_stopped_run
+        from tasks.run_context import AirflowRun
 
         ended = clean_up_stopped_run(_pipeline_of(dag_id), AirflowRun(dag_id, run_id))
     except Exception as error:  # the DB is right already; say what MLflow still shows

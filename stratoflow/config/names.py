@@ -18,6 +18,11 @@ PREPARE_TASK = "prepare_dataset"
 TRAIN_TASK = "train_model"
 EVALUATE_TASK = "evaluate_model"
 REGISTER_TASK = "log_and_register"
+# The task ids of a strategy benchmark DAG, in order, and the one task of a refresh DAG.
+PLAN_STRATEGIES_TASK = "plan_strategies"
+TRAIN_STRATEGY_TASK = "train_strategy"
+COMPARE_STRATEGIES_TASK = "compare_strategies"
+REFRESH_TASK = "refresh"
 
 # Airflow assets: one per TFDS dataset, `x-tfds://<dataset>` (Airflow's `x-` marks our scheme).
 ASSET_GROUP = "tfds"

@@ -109,18 +109,18 @@ def mlflow_server(tmp_path_factory):
 def two_runs(mlflow_server, tf_runtime) -> dict[str, dict[str, str]]:
     """strategy → {run_id, run_name, experiment_id} of two 2-epoch digits runs, evaluated."""
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
-    from tasks.steps import AirflowRun
+    from tasks import evaluate, prepare, train
+    from tasks.run_context import AirflowRun
 
     runs = {}
     for strategy in STRATEGIES:
         run = AirflowRun("retrain_digits", f"manual__{strategy}_{uuid.uuid4().hex[:8]}")
         params = {"strategy": strategy, "epochs": 2}
-        dataset = steps.prepare("digits", params, run)
-        trained = steps.train("digits", params, run, dataset)
-        steps.evaluate("digits", params, run, dataset, trained)
-        mlflow_runs.finish_run(trained["mlflow_run_id"])
-        mlflow_run = mlflow_runs.client().get_run(trained["mlflow_run_id"])
+        prepared = prepare.prepare("digits", params, run)
+        trained = train.train(run, prepared)
+        evaluate.evaluate(run, prepared, trained)
+        mlflow_runs.finish_run(trained.mlflow_run_id)
+        mlflow_run = mlflow_runs.client().get_run(trained.mlflow_run_id)
         runs[strategy] = {
             "run_id": mlflow_run.info.run_id,
             "run_name": mlflow_run.info.run_name,

@@ -21,7 +21,7 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.distributed import cluster
 from stratoflow.distributed.launcher import READY_MARKER
-from tasks.steps import AirflowRun
+from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 from tests.processes import (
     SERVER_MODULE,
@@ -106,18 +106,17 @@ def assert_ran_on(
 def test_parameter_server_training_uses_the_standing_servers(
     tf_runtime, standing_cluster, mlflow_client, child_watcher
 ):
-    from tasks import steps
+    from tasks import prepare, train
 
     layout, servers = standing_cluster
     run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
     params = {"strategy": "parameter_server", "cluster": json.dumps(layout.jobs), "epochs": 3}
-    dataset = steps.prepare("digits", params, run)
-    trained = steps.train("digits", params, run, dataset)
+    trained = train.train(run, prepare.prepare("digits", params, run))
 
-    assert trained["num_workers"] == 2
-    history = mlflow_client.get_metric_history(trained["mlflow_run_id"], "loss")
+    assert trained.num_workers == 2
+    history = mlflow_client.get_metric_history(trained.mlflow_run_id, "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]
-    assert_ran_on(layout, mlflow_client, trained["mlflow_run_id"], child_watcher)
+    assert_ran_on(layout, mlflow_client, trained.mlflow_run_id, child_watcher)
     assert all(server.poll() is None for server in servers)  # standing: still serving
 
 
@@ -136,16 +135,16 @@ def test_a_dag_run_without_a_cluster_uses_stratoflow_cluster(
 
 
 def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime):
-    from tasks import steps
+    from tasks import prepare, train
 
     closed_port = cluster.free_ports(1)[0]
     jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
     run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
     params = {"strategy": "parameter_server", "cluster": json.dumps(jobs)}
-    dataset = steps.prepare("digits", params, run)
+    prepared = prepare.prepare("digits", params, run)
     started = time.monotonic()
     with pytest.raises(cluster.ClusterUnreachableError, match=r"worker 0 at 127\.0\.0\.1:\d+"):
-        steps.train("digits", params, run, dataset)
+        train.train(run, prepared)
     assert time.monotonic() - started < 15
 
 

@@ -20,7 +20,7 @@ from stratoflow.config import settings
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.services import airflow_setup
-from tasks.steps import resolve_config
+from tasks.run_context import resolve_config
 
 
 def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from stratoflow.config import names, settings
 from stratoflow.config.spec import ModelSpec, load_spec
-from tasks.steps import AirflowRun
+from tasks.run_context import AirflowRun
 from tests.processes import cluster_children, kill_during, leftovers, tf_config_of
 
 pytestmark = pytest.mark.integration
@@ -38,24 +38,24 @@ def losses(history) -> list[float]:
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdir, strategy):
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import evaluate, prepare, train
 
     run = new_run("digits")
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4}
-    dataset = steps.prepare("digits", params, run)
-    trained = steps.train("digits", params, run, dataset)
-    evaluated = steps.evaluate("digits", params, run, dataset, trained)
+    prepared = prepare.prepare("digits", params, run)
+    trained = train.train(run, prepared)
+    evaluated = evaluate.evaluate(run, prepared, trained)
 
-    assert trained["num_workers"] == 2
-    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    assert trained.num_workers == 2
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, "loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # logged by the chief only, once
     values = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert values[-1] < values[0]
-    assert evaluated["test_accuracy"] > 0.85
+    assert evaluated.test_accuracy > 0.85
     assert cluster_children() == []
     # The chief describes the cluster it trained in: its jobs, their addresses, its own task.
     environment = mlflow_runs.client().download_artifacts(
-        trained["mlflow_run_id"], names.ENVIRONMENT_ARTIFACT
+        trained.mlflow_run_id, names.ENVIRONMENT_ARTIFACT
     )
     cluster = json.loads(Path(environment).read_text())["cluster"]
     assert (cluster["workers"], cluster["ps"]) == (2, 1 if strategy == "parameter_server" else 0)
@@ -85,17 +85,17 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
 ):
     from stratoflow.distributed.launcher import ChildProcessFailed
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import prepare, train
 
     run = new_run("mnist")
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 3, "seed": 5}
-    dataset = steps.prepare("mnist", params, run)
+    prepared = prepare.prepare("mnist", params, run)
     first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
     job, index = victim.split()
     role = "ps" if job == "ps" else "worker"
 
     killed = kill_during(
-        lambda: steps.train("mnist", params, run, dataset),
+        lambda: train.train(run, prepared),
         when=first_checkpoint.exists,
         victim=lambda children: next(
             child
@@ -112,9 +112,9 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     print(f"{strategy}: {victim} killed, failed {killed.seconds_to_failure:.2f} s later")  # noqa: T201
 
     retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
-    trained = steps.train("mnist", params, retry, dataset)
-    assert trained["resumed_from_epoch"] >= 1
-    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    trained = train.train(retry, prepared)
+    assert trained.resumed_from_epoch >= 1
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
     assert cluster_children() == []
     assert leftovers(private_tmpdir) == []
@@ -123,15 +123,15 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
 def test_a_worker_that_fails_with_an_error_leaves_no_scratch_folder(tf_runtime, private_tmpdir):
     """Every worker raises after making its scratch folder: a batch larger than the dataset."""
     from stratoflow.distributed.launcher import ChildProcessFailed
-    from tasks import steps
+    from tasks import prepare, train
 
     run = new_run("digits")
     params = {"strategy": "multi_worker_mirrored", "workers": 2, "batch_size": 4096}
-    dataset = steps.prepare("digits", params, run)
+    prepared = prepare.prepare("digits", params, run)
     with pytest.raises(
         ChildProcessFailed, match="batch_size 4096 exceeds the .* training examples"
     ):
-        steps.train("digits", params, run, dataset)
+        train.train(run, prepared)
     assert cluster_children() == []
     assert leftovers(private_tmpdir) == []
 

@@ -9,7 +9,7 @@ import pytest
 
 from stratoflow.config.parsing import SpecError
 from tasks import strategy_benchmark
-from tasks.steps import AirflowRun
+from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 
 DAG_ID = "benchmark_strategies_digits"
@@ -37,14 +37,14 @@ def test_when_nothing_succeeds_the_parent_fails_and_the_comparison_says_why(mlfl
     params = {"epochs": 1, "strategies": ["tpu"]}
     planned = strategy_benchmark.plan("digits", params, run)
     (entry,) = planned
-    assert entry["strategy"] == "tpu" and "no TPU" in entry["unavailable"]
+    assert entry.strategy == "tpu" and entry.unavailable and "no TPU" in entry.unavailable
 
     with pytest.raises(StrategyUnavailableError, match="strategy 'tpu' cannot run on this host"):
-        strategy_benchmark.train_strategy("digits", params, run, entry)
+        strategy_benchmark.train_strategy(run, entry)
     with pytest.raises(RuntimeError, match="no strategy succeeded: tpu: StrategyUnavailable"):
-        strategy_benchmark.compare("digits", params, run, planned)
+        strategy_benchmark.compare("digits", run, planned)
 
-    parent = mlflow_client.get_run(entry["parent_run_id"])
+    parent = mlflow_client.get_run(entry.parent_run_id)
     assert parent.info.status == "FAILED"
     assert parent.data.tags["stratoflow.kind"] == "strategy_benchmark"
     assert "stratoflow.recommended_strategy" not in parent.data.tags
@@ -61,13 +61,14 @@ def test_a_training_task_that_died_is_reported_failed_and_its_run_closed(mlflow_
     params = {"epochs": 1, "strategies": ["one_device"]}
     planned = strategy_benchmark.plan("digits", params, run)
     spec = strategy_benchmark.benchmark_spec("digits", params)
+    assert planned[0].run_config == spec  # resolved once, by plan, and carried
     # What a killed task leaves behind: a child run that never left RUNNING.
     child_id = strategy_benchmark._fresh_child_run(
-        spec, run, planned[0]["parent_run_id"], planned[0]["dataset"]
+        spec, run, planned[0].parent_run_id, planned[0].dataset.to_dict()
     )
 
     with pytest.raises(RuntimeError, match="one_device: did not finish"):
-        strategy_benchmark.compare("digits", params, run, planned)
+        strategy_benchmark.compare("digits", run, planned)
     assert mlflow_client.get_run(child_id).info.status == "FAILED"
 
 
@@ -77,12 +78,11 @@ def test_a_rerun_strategy_replaces_its_child_run(mlflow_client):
     (entry,) = strategy_benchmark.plan("digits", params, run)
     spec = strategy_benchmark.benchmark_spec("digits", params)
 
-    first = strategy_benchmark._fresh_child_run(spec, run, entry["parent_run_id"], entry["dataset"])
-    second = strategy_benchmark._fresh_child_run(
-        spec, run, entry["parent_run_id"], entry["dataset"]
-    )
+    dataset = entry.dataset.to_dict()
+    first = strategy_benchmark._fresh_child_run(spec, run, entry.parent_run_id, dataset)
+    second = strategy_benchmark._fresh_child_run(spec, run, entry.parent_run_id, dataset)
 
-    assert [c.info.run_id for c in children_of(mlflow_client, entry["parent_run_id"])] == [second]
+    assert [c.info.run_id for c in children_of(mlflow_client, entry.parent_run_id)] == [second]
     assert mlflow_client.get_run(first).info.lifecycle_stage == "deleted"
 
 
@@ -91,8 +91,8 @@ def test_without_a_plan_the_parent_is_marked_failed(mlflow_client):
     (entry,) = strategy_benchmark.plan("digits", {"strategies": ["one_device"]}, run)
 
     with pytest.raises(RuntimeError, match="first task \\(plan_strategies\\) did not succeed"):
-        strategy_benchmark.compare("digits", {}, run, None)
-    assert mlflow_client.get_run(entry["parent_run_id"]).info.status == "FAILED"
+        strategy_benchmark.compare("digits", run, None)
+    assert mlflow_client.get_run(entry.parent_run_id).info.status == "FAILED"
 
 
 def test_an_unknown_param_is_refused_before_any_run_exists(mlflow_client):

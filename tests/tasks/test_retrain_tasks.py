@@ -1,5 +1,7 @@
-"""The four steps chained as Airflow would chain them, without Airflow: real child training
-processes, a real SQLite MLflow store, real signals for the fault tests."""
+"""The retrain DAG's task bodies (`tasks.prepare`, `train`, `evaluate`, `register`, `refresh`,
+`clean_up`) chained as Airflow would chain them, without Airflow: each result goes through JSON
+as through XCom, real child training processes, a real SQLite MLflow store, real signals for the
+fault tests."""
 
 from __future__ import annotations
 
@@ -17,8 +19,13 @@ import psutil
 import pytest
 
 from stratoflow.config import names, settings
-from tasks.steps import AirflowRun
+from tasks.run_context import AirflowRun
 from tests.images import png_size
+
+
+def through_xcom(result):
+    """`result` as the next task gets it: `to_dict()`, JSON there and back, `from_dict()`."""
+    return type(result).from_dict(json.loads(json.dumps(result.to_dict())))
 
 
 def new_run(pipeline: str) -> AirflowRun:
@@ -51,9 +58,9 @@ SAMPLING_SECONDS = 0.25
 
 @pytest.fixture(scope="module")
 def digits_run(tf_runtime):
-    """The four steps of a 6-epoch digits run, with the training child's output as it arrived."""
+    """The four tasks of a 6-epoch digits run, with the training child's output as it arrived."""
     from stratoflow.tracking import system_metrics
-    from tasks import steps
+    from tasks import evaluate, prepare, register, train
 
     launcher_log = logging.getLogger("stratoflow.distributed.launcher")
     lines, level = _Lines(), launcher_log.level
@@ -64,24 +71,24 @@ def digits_run(tf_runtime):
     try:
         run = new_run("digits")
         params = {"epochs": 6}
-        dataset = steps.prepare("digits", params, run)
-        trained = steps.train("digits", params, run, dataset)
+        prepared = through_xcom(prepare.prepare("digits", params, run))
+        trained = through_xcom(train.train(run, prepared))
     finally:
         patch.undo()
         launcher_log.removeHandler(lines)
         launcher_log.setLevel(level)
-    evaluated = steps.evaluate("digits", params, run, dataset, trained)
-    registered = steps.log_and_register("digits", params, run, dataset, trained, evaluated)
-    return run, dataset, trained, evaluated, registered, lines.records
+    evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
+    registered = through_xcom(register.log_and_register(run, prepared, trained, evaluated))
+    return run, prepared, trained, evaluated, registered, lines.records
 
 
 def test_digits_pipeline_end_to_end(digits_run):
     from stratoflow.tracking import mlflow_runs
 
-    run, dataset, trained, evaluated, registered, _ = digits_run
-    assert trained["mlflow_run_id"] == dataset["mlflow_run_id"]
+    run, prepared, trained, evaluated, registered, _ = digits_run
+    assert trained.mlflow_run_id == prepared.mlflow_run_id
     mlflow_client = mlflow_runs.client()
-    mlflow_run = mlflow_client.get_run(trained["mlflow_run_id"])
+    mlflow_run = mlflow_client.get_run(trained.mlflow_run_id)
     assert mlflow_run.info.status == "FINISHED"
     for metric in ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second"):
         steps_logged = [
@@ -95,12 +102,13 @@ def test_digits_pipeline_end_to_end(digits_run):
         )
     ]
     assert losses[-1] < losses[0]
-    assert evaluated["test_accuracy"] >= 0.9
-    assert mlflow_run.data.metrics["test_accuracy"] == pytest.approx(evaluated["test_accuracy"])
+    assert evaluated.test_accuracy >= 0.9
+    assert mlflow_run.data.metrics["test_accuracy"] == pytest.approx(evaluated.test_accuracy)
     assert "test_recall_class_9" in mlflow_run.data.metrics
     assert mlflow_run.data.tags["num_replicas"] == "1"
-    assert registered["version"] == mlflow_run.data.tags[names.VERSION_TAG]
-    assert "challenger" in registered["aliases"]
+    assert registered.version == mlflow_run.data.tags[names.VERSION_TAG]
+    assert "challenger" in registered.aliases
+    assert registered.mlflow_run_id == mlflow_run.info.run_id
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
 
 
@@ -111,11 +119,11 @@ def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environme
     import yaml
 
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks.run_context import resolve_config
 
-    run, dataset, trained, *_ = digits_run
+    run, prepared, trained, *_ = digits_run
     mlflow_client = mlflow_runs.client()
-    folder = Path(mlflow_client.download_artifacts(trained["mlflow_run_id"], "", str(tmp_path)))
+    folder = Path(mlflow_client.download_artifacts(trained.mlflow_run_id, "", str(tmp_path)))
 
     for name in (names.CURVES_ARTIFACT, names.CONFUSION_MATRIX_ARTIFACT):
         width, height = png_size((folder / name).read_bytes())
@@ -127,20 +135,22 @@ def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environme
     assert table["columns"] == ["class", "name", "precision", "recall", "support"]
     rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
     assert [row["class"] for row in rows] == list(range(10))
-    assert sum(row["support"] for row in rows) == dataset["split_sizes"]["test"]
-    metrics = mlflow_client.get_run(trained["mlflow_run_id"]).data.metrics
+    assert sum(row["support"] for row in rows) == prepared.dataset.split_sizes["test"]
+    metrics = mlflow_client.get_run(trained.mlflow_run_id).data.metrics
     for row in rows:
         assert row["recall"] == pytest.approx(metrics[f"test_recall_class_{row['class']}"])
     test_metrics = json.loads((folder / names.TEST_METRICS_ARTIFACT).read_text())
     assert np.trace(test_metrics["confusion_matrix"]) == round(
-        metrics["test_accuracy"] * dataset["split_sizes"]["test"]
+        metrics["test_accuracy"] * prepared.dataset.split_sizes["test"]
     )
     logged = json.loads(
-        mlflow_client.get_run(trained["mlflow_run_id"]).data.tags["mlflow.loggedArtifacts"]
+        mlflow_client.get_run(trained.mlflow_run_id).data.tags["mlflow.loggedArtifacts"]
     )
     assert {"path": names.PER_CLASS_ARTIFACT, "type": "table"} in logged  # a table in the UI
 
-    resolved = dataclasses.asdict(steps.resolve_config("digits", {"epochs": 6}))
+    # The configuration the run logged is the one its tasks passed on, resolved once.
+    resolved = dataclasses.asdict(resolve_config("digits", {"epochs": 6}))
+    assert dataclasses.asdict(prepared.run_config) == resolved
     config = yaml.safe_load((folder / names.CONFIG_YAML_ARTIFACT).read_text())
     assert config == resolved
     assert config["training"]["epochs"] == 6
@@ -166,7 +176,7 @@ def tf_version() -> str:
 def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
     from stratoflow.tracking import mlflow_runs
 
-    run_id = digits_run[2]["mlflow_run_id"]
+    run_id = digits_run[2].mlflow_run_id
     mlflow_client = mlflow_runs.client()
     cpu = mlflow_client.get_metric_history(run_id, "system/cpu_utilization_percentage")
     memory = mlflow_client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
@@ -205,7 +215,7 @@ def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_r
     assert [int(match.group(1)) for match in epochs if match] == [1, 2, 3, 4, 5, 6]
     # Streamed, not buffered until the child exits: epoch 1's line reached the task's log
     # before epoch 6 had even ended (its metrics' timestamp, on the same clock).
-    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, "loss")
     last_epoch_logged = max(metric.timestamp for metric in history) / 1000
     assert progress[0][0] < last_epoch_logged
 
@@ -214,17 +224,16 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     """SIGKILL the training child after its first checkpoint; the retry resumes at epoch 2."""
     from stratoflow.distributed.launcher import ChildProcessFailed
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import prepare, train
 
     run = new_run("mnist")
-    params = {"epochs": 3, "seed": 3}
-    dataset = steps.prepare("mnist", params, run)
+    prepared = through_xcom(prepare.prepare("mnist", {"epochs": 3, "seed": 3}, run))
     first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
     outcome: dict[str, object] = {}
 
     def attempt() -> None:
         try:
-            steps.train("mnist", params, run, dataset)
+            train.train(run, prepared)
         except ChildProcessFailed as failure:
             outcome["error"] = failure
             outcome["failed_at"] = time.monotonic()
@@ -244,27 +253,46 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     assert training_children() == []
 
     retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
-    trained = steps.train("mnist", params, retry, dataset)
-    assert trained["resumed_from_epoch"] >= 1
-    history = mlflow_runs.client().get_metric_history(trained["mlflow_run_id"], "loss")
+    trained = train.train(retry, prepared)  # the same XCom input as the first try
+    assert trained.resumed_from_epoch >= 1
+    assert trained.epochs == 3
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, "loss")
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
+
+
+def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypatch):
+    """`$STRATOFLOW_CLUSTER` is read once, by prepare: train gets the cluster through XCom even
+    when its own process no longer sees the variable (a retry on another worker, a changed
+    deployment), and here fails on that cluster's closed port instead of training elsewhere."""
+    from stratoflow.distributed import cluster
+    from tasks import prepare, train
+
+    closed_port = cluster.free_ports(1)[0]
+    jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
+    monkeypatch.setenv(settings.CLUSTER_ENV, json.dumps(jobs))
+    run = new_run("digits")
+    prepared = through_xcom(prepare.prepare("digits", {"strategy": "parameter_server"}, run))
+    assert json.loads(prepared.run_config.training.cluster) == jobs
+
+    monkeypatch.delenv(settings.CLUSTER_ENV)
+    with pytest.raises(cluster.ClusterUnreachableError, match=rf"127\.0\.0\.1:{closed_port}"):
+        train.train(AirflowRun(run.dag_id, run.run_id, try_number=2), prepared)
 
 
 def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     """Training fails for good (no TPU here): no version, no checkpoint, the MLflow run FAILED."""
     from stratoflow.distributed.launcher import ChildProcessFailed
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import clean_up, prepare, train
 
     run = new_run("digits")
-    params = {"strategy": "tpu"}
-    dataset = steps.prepare("digits", params, run)
+    prepared = through_xcom(prepare.prepare("digits", {"strategy": "tpu"}, run))
     with pytest.raises(ChildProcessFailed, match="needs a TPU"):
-        steps.train("digits", params, run, dataset)
-    steps.clean_up_failed_run("digits", run)
+        train.train(run, prepared)
+    clean_up.clean_up_failed_run("digits", run)
 
     mlflow_client = mlflow_runs.client()
-    mlflow_run = mlflow_client.get_run(dataset["mlflow_run_id"])
+    mlflow_run = mlflow_client.get_run(prepared.mlflow_run_id)
     assert mlflow_run.info.status == "FAILED"
     assert names.VERSION_TAG not in mlflow_run.data.tags
     versions = mlflow_client.search_model_versions(f"run_id = '{mlflow_run.info.run_id}'")
@@ -274,60 +302,60 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
 
 def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import clean_up, evaluate, prepare, register, train
 
     run = new_run("digits")
-    params = {"epochs": 1, "promote": False}
-    dataset = steps.prepare("digits", params, run)
-    trained = steps.train("digits", params, run, dataset)
-    evaluated = steps.evaluate("digits", params, run, dataset, trained)
-    registered = steps.log_and_register("digits", params, run, dataset, trained, evaluated)
-    steps.clean_up_failed_run("digits", run)
+    prepared = through_xcom(prepare.prepare("digits", {"epochs": 1, "promote": False}, run))
+    trained = through_xcom(train.train(run, prepared))
+    evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
+    registered = register.log_and_register(run, prepared, trained, evaluated)
+    assert registered.promoted is False and registered.aliases == ["challenger"]
+    clean_up.clean_up_failed_run("digits", run)
     mlflow_client = mlflow_runs.client()
-    versions = mlflow_client.search_model_versions(f"run_id = '{trained['mlflow_run_id']}'")
+    versions = mlflow_client.search_model_versions(f"run_id = '{trained.mlflow_run_id}'")
     assert list(versions) == []
-    assert registered["version"]
-    assert mlflow_client.get_run(trained["mlflow_run_id"]).info.status == "FAILED"
+    assert registered.version
+    assert mlflow_client.get_run(trained.mlflow_run_id).info.status == "FAILED"
 
 
 def test_bad_params_fail_before_any_work(tf_runtime):
     from stratoflow.config.parsing import SpecError
-    from tasks import steps
+    from tasks import prepare
 
     with pytest.raises(SpecError, match="unknown key 'strategi'; allowed: strategy, replicas"):
-        steps.prepare("digits", {"strategi": "mirrored"}, new_run("digits"))
+        prepare.prepare("digits", {"strategi": "mirrored"}, new_run("digits"))
     with pytest.raises(SpecError, match="batch_size 33 must be divisible by replicas 2"):
-        steps.prepare("digits", {"strategy": "mirrored", "batch_size": 33}, new_run("digits"))
+        prepare.prepare("digits", {"strategy": "mirrored", "batch_size": 33}, new_run("digits"))
 
 
 def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_runtime):
     from stratoflow.config.parsing import SpecError
     from stratoflow.tracking import mlflow_runs
-    from tasks import steps
+    from tasks import prepare
 
     run = new_run("digits")  # digits' MLP has Dropout
     with pytest.raises(SpecError, match="run conf.strategy 'central_storage' cannot train"):
-        steps.prepare("digits", {"strategy": "central_storage"}, run)
+        prepare.prepare("digits", {"strategy": "central_storage"}, run)
     assert mlflow_runs.find_run(mlflow_runs.client(), "digits", run.dag_id, run.run_id) is None
 
 
 def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, caplog):
-    from tasks import steps
+    from tasks import clean_up
 
     run = new_run("digits")
     (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
     monkeypatch.setenv(settings.TRACKING_URI_ENV, "http://127.0.0.1:9")  # nothing listens
 
-    steps.clean_up_failed_run("digits", run, tracked=False)
+    clean_up.clean_up_failed_run("digits", run, tracked=False)
     assert not settings.run_dir(run.dag_id, run.run_id).exists()
     assert "cannot mark the MLflow run" not in caplog.text
 
-    steps.clean_up_failed_run("digits", run)  # a tracked run: MLflow is asked, and says so
+    clean_up.clean_up_failed_run("digits", run)  # a tracked run: MLflow is asked, and says so
     assert "cannot mark the MLflow run" in caplog.text
 
 
 def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
-    from tasks import steps
+    from tasks import clean_up
 
     dag_id = "retrain_digits"
     others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b", ".a"]
@@ -336,7 +364,7 @@ def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "ckpt-1.index").write_text(run_id)
 
-    steps.clean_up_failed_run("digits", AirflowRun(dag_id, "."))
+    clean_up.clean_up_failed_run("digits", AirflowRun(dag_id, "."))
 
     assert not settings.run_dir(dag_id, ".").exists()
     for run_id in others:
@@ -347,9 +375,11 @@ def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
 def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_runtime):
     from stratoflow.config.spec import load_spec
     from stratoflow.data import datasets
-    from tasks import steps
+    from tasks.refresh import RefreshedDataset, refresh_dataset
 
-    refreshed = steps.refresh_dataset("stratoflow_digits")
+    result = refresh_dataset("stratoflow_digits")
+    assert RefreshedDataset.from_dict(result.to_dict()) == result
+    refreshed = result.to_dict()  # the asset event's extra
     reference = datasets.prepare_dataset(load_spec("digits").dataset)
     assert refreshed["dataset"] == "stratoflow_digits"
     assert refreshed["versions"] == {
@@ -360,4 +390,4 @@ def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_ru
         }
     }
     with pytest.raises(KeyError, match="stratoflow_digits"):  # names the datasets in use
-        steps.refresh_dataset("mnist")
+        refresh_dataset("mnist")

@@ -1,0 +1,128 @@
+"""The retrain DAG's evaluation task: score the test split and decide the gate.
+
+`score_test_split` is shared with the strategy benchmark (`tasks.strategy_benchmark`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from stratoflow.config import names
+from stratoflow.data.datasets import DatasetRef
+from stratoflow.training.evaluation import GateDecision
+from tasks.prepare import PreparedDataset
+from tasks.run_context import AirflowRun, XComResult, freezes_heap
+from tasks.train import TrainedModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Evaluation(XComResult):
+    """What `evaluate` hands to the registration task (the XCom of `evaluate_model`).
+
+    Attributes:
+        mlflow_run_id: the DAG run's MLflow run.
+        test_loss: the loss on the test split.
+        test_accuracy: the accuracy on the test split.
+        gate: the gate's decision.
+    """
+
+    mlflow_run_id: str
+    test_loss: float
+    test_accuracy: float
+    gate: GateDecision
+
+    PRODUCER = names.EVALUATE_TASK
+
+
+@freezes_heap
+def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) -> Evaluation:
+    """Score the model on the test split and decide the gate against the current champion.
+
+    Args:
+        run: the DAG run.
+        prepared: the first task's result (dataset, run configuration).
+        trained: the training task's result (model, shape).
+    """
+    from stratoflow.tracking import mlflow_runs
+    from stratoflow.training import evaluation
+
+    spec = prepared.run_config
+    mlflow_run_id = trained.mlflow_run_id
+    result = score_test_split(
+        prepared.dataset,
+        trained.model_path,
+        mlflow_run_id,
+        title=f"{spec.name}: {spec.training.strategy}, {trained.num_replicas} replica(s)",
+    )
+    decision = evaluation.decide_gate(
+        result.test_accuracy, spec.evaluation, mlflow_runs.champion(spec.registered_model)
+    )
+    mlflow_runs.set_tags(
+        mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
+    )
+    logger.info(
+        "test_accuracy %.4f, test_loss %.4f; gate %s: %s",
+        result.test_accuracy,
+        result.test_loss,
+        "passed" if decision.passed else "failed",
+        "; ".join(decision.reasons),
+    )
+    return Evaluation(
+        mlflow_run_id=mlflow_run_id,
+        test_loss=result.test_loss,
+        test_accuracy=result.test_accuracy,
+        gate=decision,
+    )
+
+
+def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, title: str) -> Any:
+    """Score the saved model on the test split and log the results to `mlflow_run_id`.
+
+    Logs the test metrics, `evaluation/test_metrics.json`, the per-class table and the confusion
+    matrix figure (titled `title`).
+
+    Returns:
+        The `stratoflow.training.evaluation.EvaluationResult`.
+    """
+    from stratoflow.data import datasets
+    from stratoflow.tracking import mlflow_runs, plots
+    from stratoflow.training import evaluation
+
+    images, labels = datasets.load_arrays(dataset, "test")
+    result = evaluation.evaluate_model(model_path, images, labels)
+    mlflow_runs.log_metrics(mlflow_run_id, result.metrics())
+    mlflow_runs.client().log_dict(
+        mlflow_run_id,
+        {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},
+        names.TEST_METRICS_ARTIFACT,
+    )
+    class_names = list(dataset.class_names)
+    mlflow_runs.log_figure(
+        mlflow_run_id,
+        plots.confusion_matrix(result.confusion_matrix, class_names, title=title),
+        names.CONFUSION_MATRIX_ARTIFACT,
+    )
+    mlflow_runs.log_table(
+        mlflow_run_id,
+        _per_class_columns(result.per_class, class_names),
+        names.PER_CLASS_ARTIFACT,
+    )
+    return result
+
+
+def _per_class_columns(
+    per_class: list[dict[str, float]], class_names: list[str]
+) -> dict[str, list[Any]]:
+    """The per-class metrics as table columns: class, name, precision, recall, support."""
+    classes = [int(row["class"]) for row in per_class]
+    return {
+        "class": classes,
+        "name": [class_names[k] if k < len(class_names) else str(k) for k in classes],
+        "precision": [row["precision"] for row in per_class],
+        "recall": [row["recall"] for row in per_class],
+        "support": [int(row["support"]) for row in per_class],
+    }

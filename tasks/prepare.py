@@ -1,0 +1,107 @@
+"""The retrain DAG's first task: resolve the run's configuration, prepare the dataset, open the
+run's MLflow run.
+
+The configuration is resolved here, once per DAG run; it travels to the next tasks inside the
+`PreparedDataset` (through XCom), so a retried task trains and scores with the configuration the
+run started with, whatever its own process sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stratoflow.config import names
+from stratoflow.config.spec import PipelineSpec
+from stratoflow.data.datasets import DatasetRef
+from tasks.run_context import (
+    AirflowRun,
+    PayloadError,
+    XComResult,
+    config_from_dict,
+    config_to_dict,
+    freezes_heap,
+    resolve_config,
+    typed,
+)
+
+RUN_CONFIG_KEY = "run_config"
+MLFLOW_RUN_KEY = "mlflow_run_id"
+
+
+@dataclass(frozen=True)
+class PreparedDataset(XComResult):
+    """What `prepare` hands to every later task of the DAG run (the XCom of `prepare_dataset`).
+
+    Its dict keeps the dataset reference's keys at the top, beside `mlflow_run_id` and
+    `run_config`.
+
+    Attributes:
+        dataset: the prepared dataset.
+        mlflow_run_id: the DAG run's MLflow run.
+        run_config: the pipeline spec with the run's Params applied, validated.
+    """
+
+    dataset: DatasetRef
+    mlflow_run_id: str
+    run_config: PipelineSpec
+
+    PRODUCER = names.PREPARE_TASK
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dataset reference's keys, `mlflow_run_id` and `run_config` (a JSON dict)."""
+        return {
+            **self.dataset.to_dict(),
+            MLFLOW_RUN_KEY: self.mlflow_run_id,
+            RUN_CONFIG_KEY: config_to_dict(self.run_config),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PreparedDataset:
+        """Rebuild it from `to_dict()` output (the XCom of `prepare_dataset`).
+
+        Raises:
+            PayloadError: a key is missing or unknown, or a value is invalid (named).
+        """
+        what = f"the result of {cls.PRODUCER}"
+        if not isinstance(data, dict):
+            raise PayloadError(f"{what}: expected a dict, got {type(data).__name__}")
+        missing = [key for key in (MLFLOW_RUN_KEY, RUN_CONFIG_KEY) if key not in data]
+        if missing:
+            raise PayloadError(f"{what} is not a PreparedDataset: missing key {missing[0]!r}")
+        reference = {k: v for k, v in data.items() if k not in (MLFLOW_RUN_KEY, RUN_CONFIG_KEY)}
+        try:
+            dataset = DatasetRef.from_dict(reference)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise PayloadError(f"{what}: its dataset reference is invalid: {error}") from None
+        return cls(
+            dataset=dataset,
+            mlflow_run_id=typed(data[MLFLOW_RUN_KEY], str, MLFLOW_RUN_KEY, what),
+            run_config=config_from_dict(data[RUN_CONFIG_KEY], f"{what}: {RUN_CONFIG_KEY}"),
+        )
+
+
+@freezes_heap
+def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedDataset:
+    """Resolve the run's config, build or load the dataset and open the run's MLflow run.
+
+    Args:
+        pipeline: the pipeline name.
+        params: the DAG run's Params (its overrides of the spec's training defaults).
+        run: the DAG run.
+
+    Raises:
+        SpecError: invalid Params.
+        TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
+    """
+    from stratoflow.tracking import mlflow_runs
+
+    spec = resolve_config(pipeline, params)
+    mlflow_runs.check_reachable()
+    from stratoflow.data import datasets  # builds with TensorFlow: after the cheap checks
+
+    reference = datasets.prepare_dataset(spec.dataset)
+    mlflow_run_id = mlflow_runs.start_or_resume_run(
+        spec, run.dag_id, run.run_id, run.try_number, reference.to_dict()
+    )
+    return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, run_config=spec)

@@ -1,0 +1,125 @@
+"""The retrain DAG's training task: train in child processes under the run's strategy.
+
+`run_training` is shared with the strategy benchmark (`tasks.strategy_benchmark`): both train
+through the same launcher, log the same metrics and draw the same curves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratoflow.config import names, settings
+from stratoflow.config.spec import PipelineSpec
+from stratoflow.data.datasets import DatasetRef
+from tasks.prepare import PreparedDataset
+from tasks.run_context import AirflowRun, XComResult, config_to_dict, freezes_heap
+
+
+@dataclass(frozen=True)
+class TrainedModel(XComResult):
+    """What `train` hands to the evaluation and registration tasks (the XCom of `train_model`).
+
+    Attributes:
+        mlflow_run_id: the DAG run's MLflow run.
+        model_path: the saved Keras model.
+        num_replicas: replicas the strategy trained on.
+        num_workers: worker processes it trained in.
+        epochs: epochs trained in all (this try and the ones it resumed from).
+        resumed_from_epoch: the last epoch an earlier try had saved (0: none).
+        final_epoch: the last epoch's metrics (empty when no epoch ran in this try).
+    """
+
+    mlflow_run_id: str
+    model_path: str
+    num_replicas: int
+    num_workers: int
+    epochs: int
+    resumed_from_epoch: int
+    final_epoch: dict[str, float] = field(default_factory=dict)
+
+    PRODUCER = names.TRAIN_TASK
+
+
+@freezes_heap
+def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
+    """Train under the run's strategy, resuming from this DAG run's checkpoints.
+
+    Args:
+        run: the DAG run (its try number tells a retry).
+        prepared: the first task's result: dataset, MLflow run and the run's configuration.
+
+    Raises:
+        ChildProcessFailed: a training process failed or was killed.
+        ClusterUnreachableError: a standing cluster server does not answer.
+    """
+    from stratoflow.tracking import mlflow_runs
+
+    spec = prepared.run_config
+    mlflow_runs.check_reachable()
+    # Reopens the run (RUNNING, this try's number) after a failed try marked it FAILED.
+    mlflow_run_id = mlflow_runs.start_or_resume_run(
+        spec, run.dag_id, run.run_id, run.try_number, prepared.dataset.to_dict()
+    )
+    result = run_training(
+        spec, prepared.dataset, settings.run_dir(run.dag_id, run.run_id), mlflow_run_id
+    )
+    return TrainedModel(
+        mlflow_run_id=mlflow_run_id,
+        model_path=result["model_path"],
+        num_replicas=result["num_replicas"],
+        num_workers=result["num_workers"],
+        epochs=result["epochs"],
+        resumed_from_epoch=result["resumed_from_epoch"],
+        final_epoch=result["history"][-1] if result["history"] else {},
+    )
+
+
+def run_training(
+    spec: PipelineSpec, dataset: DatasetRef, run_dir: Path, mlflow_run_id: str
+) -> dict[str, Any]:
+    """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
+
+    The processes come from `stratoflow.distributed.cluster` (one, or a local cluster),
+    supervised by `stratoflow.distributed.launcher`; checkpoints in `run_dir` let a retry resume.
+    Logs the run's shape tags and its timings (`train_seconds`, `peak_rss_mb`,
+    `seconds_to_first_step`).
+
+    Returns:
+        The training process's `TrainingResult` as a dict (history, model path, shape, timings).
+    """
+    from stratoflow.distributed import cluster, launcher
+    from stratoflow.tracking import mlflow_runs, plots
+
+    config = config_to_dict(spec)
+    del config["name"]
+    payload = {
+        "pipeline": spec.name,
+        "config": config,
+        "dataset": dataset.to_dict(),
+        "run_dir": str(run_dir),
+        "tracking_uri": settings.tracking_uri(),
+        "mlflow_run_id": mlflow_run_id,
+    }
+    members, result_from = cluster.training_members(spec.training)
+    result = launcher.run_cluster(members, result_from, payload)
+    mlflow_runs.set_tags(
+        mlflow_run_id,
+        {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},
+    )
+    timings = {"train_seconds": result["train_seconds"], "peak_rss_mb": result["peak_rss_mb"]}
+    if result["seconds_to_first_step"] is not None:
+        timings["seconds_to_first_step"] = result["seconds_to_first_step"]
+    mlflow_runs.log_metrics(mlflow_run_id, timings)
+    if result["history"]:
+        figure = plots.training_curves(result["history"], title=_run_title(spec, result))
+        mlflow_runs.log_figure(mlflow_run_id, figure, names.CURVES_ARTIFACT)
+    return result
+
+
+def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:
+    return (
+        f"{spec.name}: {result['strategy']}, {result['num_replicas']} replica(s), "
+        f"{result['num_workers']} worker(s), {result['loop']} loop"
+    )
