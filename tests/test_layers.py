@@ -53,11 +53,11 @@ def test_the_code_keeps_its_layers_and_has_no_cycles() -> None:
 
 def test_an_upward_import_breaks_the_layers(copy_of_the_code: Path) -> None:
     # Configuration reaching up into a task body: the kind of import the layers forbid.
-    add_function_local_import(copy_of_the_code / "stratoflow/config/names.py", "tasks.steps")
+    add_function_local_import(copy_of_the_code / "stratoflow/config/names.py", "tasks.prepare")
     result = lint_imports(copy_of_the_code)
     assert result.returncode == 1
     assert "One-way layers" in result.stdout and "BROKEN" in result.stdout
-    assert "stratoflow.config.names -> tasks.steps" in result.stdout
+    assert "stratoflow.config.names -> tasks.prepare" in result.stdout
 
 
 def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
