@@ -75,6 +75,7 @@ def digits_run(tf_runtime):
     return run, dataset, trained, evaluated, registered, lines.records
 
 
+@pytest.mark.integration
 def test_digits_pipeline_end_to_end(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -104,6 +105,7 @@ def test_digits_pipeline_end_to_end(digits_run):
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
 
 
+@pytest.mark.integration
 def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environment(
     digits_run, tmp_path
 ):
@@ -163,6 +165,7 @@ def tf_version() -> str:
     return str(tf.__version__)
 
 
+@pytest.mark.integration
 def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -187,6 +190,7 @@ def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
     assert np.median(gaps) < 1.5, gaps
 
 
+@pytest.mark.integration
 def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -210,6 +214,7 @@ def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_r
     assert progress[0][0] < last_epoch_logged
 
 
+@pytest.mark.integration
 def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     """SIGKILL the training child after its first checkpoint; the retry resumes at epoch 2."""
     from stratoflow.distributed.launcher import ChildProcessFailed
@@ -250,6 +255,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
 
 
+@pytest.mark.integration
 def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     """Training fails for good (no TPU here): no version, no checkpoint, the MLflow run FAILED."""
     from stratoflow.distributed.launcher import ChildProcessFailed
@@ -272,6 +278,7 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     assert not Path(settings.run_dir(run.dag_id, run.run_id)).exists()
 
 
+@pytest.mark.integration
 def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     from stratoflow.tracking import mlflow_runs
     from tasks import steps
