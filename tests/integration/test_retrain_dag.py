@@ -48,7 +48,7 @@ def mlflow_client(fresh_tracking_store):
     return mlflow_runs.client()
 
 
-def mlflow_runs(mlflow_client, pipeline: str):
+def runs_of(mlflow_client, pipeline: str):
 
     experiment = mlflow_client.get_experiment_by_name(names.experiment_name(pipeline))
     return mlflow_client.search_runs(
@@ -86,7 +86,7 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
 
     code, printed = default_mnist_run
     assert code == 0
-    (run,) = mlflow_runs(mlflow_client, "mnist")
+    (run,) = runs_of(mlflow_client, "mnist")
     assert run.info.status == "FINISHED"
     assert run.data.tags["airflow.dag_id"] == "retrain_mnist"
     assert run.data.tags["airflow.run_id"].startswith("manual__")
@@ -112,7 +112,7 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
     assert default_mnist_run[0] == 0
     conf = {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1e-5}
     assert runner.run_pipeline("mnist", conf) == 0
-    latest = mlflow_runs(mlflow_client, "mnist")[-1]
+    latest = runs_of(mlflow_client, "mnist")[-1]
     assert latest.data.tags["strategy"] == "mirrored"
     assert latest.data.tags["num_replicas"] == "2"
     assert latest.data.tags["gate.passed"] == "False"
@@ -138,14 +138,14 @@ def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflo
 def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
     """No TPU here: both tries of train_model fail, and the failure callback cleans up."""
     assert runner.run_pipeline("digits", {"strategy": "tpu"}) == 1
-    (run,) = [r for r in mlflow_runs(mlflow_client, "digits") if r.data.tags["strategy"] == "tpu"]
+    (run,) = [r for r in runs_of(mlflow_client, "digits") if r.data.tags["strategy"] == "tpu"]
     assert run.info.status == "FAILED"
     assert run.data.tags["airflow.try_number"] == "2"  # the retry reused the DAG run's MLflow run
     assert [
         v.run_id for v in mlflow_client.search_model_versions("name = 'stratoflow-digits'")
     ] == [
         r.info.run_id
-        for r in mlflow_runs(mlflow_client, "digits")
+        for r in runs_of(mlflow_client, "digits")
         if r.data.tags["strategy"] != "tpu"  # the promote: false run's, if it ran first
     ]
     dag_run_dir = settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"])
@@ -156,7 +156,7 @@ def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflo
     from stratoflow.tracking import model_registry
 
     assert runner.run_pipeline("digits", {"promote": False}) == 0
-    (run,) = [r for r in mlflow_runs(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
+    (run,) = [r for r in runs_of(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
     assert run.data.params["training.promote"] == "False"
     assert run.data.tags["gate.passed"] == "True"
     assert run.data.tags["stratoflow.registered_version"] == "1"
@@ -192,7 +192,7 @@ def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
 
     mlflow_client = store_refusing_to_finish_registered_runs
     assert runner.run_pipeline("digits", {}) == 1
-    (run,) = mlflow_runs(mlflow_client, "digits")
+    (run,) = runs_of(mlflow_client, "digits")
     assert run.info.status == "FAILED"
     # It failed after registering (and promoting) version 1 ...
     assert run.data.tags["stratoflow.registered_version"] == "1"
@@ -254,10 +254,9 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
 
     from stratoflow.config.spec import load_spec
     from stratoflow.data import datasets
-    from stratoflow.tracking import mlflow_runs
 
     assert default_mnist_run[0] == 0
-    run = mlflow_runs(mlflow_client, "mnist")[0]
+    run = runs_of(mlflow_client, "mnist")[0]
     section = readme_section("MLflow names (a public interface)")
     config = json.loads(
         Path(
@@ -281,10 +280,10 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     for param in params:
         if param.endswith(".<name>"):
             prefix = param.removesuffix("<name>")
-            names = config["model"]["hyperparameters"]
-            assert names, "the mnist spec has hyperparameters"
-            for name in names:
-                assert run.data.params[prefix + name] == str(names[name]), prefix + name
+            hyperparameters = config["model"]["hyperparameters"]
+            assert hyperparameters, "the mnist spec has hyperparameters"
+            for name, value in hyperparameters.items():
+                assert run.data.params[prefix + name] == str(value), prefix + name
         else:
             node = config
             for part in param.split("."):
