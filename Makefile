@@ -32,6 +32,12 @@ run: $(INSTALLED)
 test: $(INSTALLED)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The unit suite: every test but those marked `integration` (a training process, an Airflow
+# run or command, a server): under 2 minutes on 2 cores.
+.PHONY: test-unit
+test-unit: $(INSTALLED)
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
 # The system programs the tests need, from Debian's packages (needs root when one is missing):
 # PostgreSQL's server (the services stack and the compose scripts' tests run their own cluster)
 # and chromium (the MLflow UI browser test, driven by Playwright). Nothing to do when present.

@@ -8,8 +8,9 @@ logical devices before TensorFlow runs any op, so `mirrored` tests get two repli
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,69 @@ ALLOWED_SKIPS = {
 }
 
 
+# What the `integration` marker is for (pyproject.toml): a test without it starts no training
+# process, no Airflow command and no server, so `pytest -m "not integration"` stays fast.
+_SERVER_PROGRAMS = {"postgres", "pg_ctl", "initdb"}
+_STARTED_UNMARKED = pytest.StashKey[list[str]]()
+
+
+def integration_only(args: Any, env: Mapping[str, str] | None = None) -> str | None:
+    """What makes a command line integration-only (see above), or None when nothing does."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        args = [args]
+    argv = [os.fsdecode(arg) for arg in args]
+    if not argv:
+        return None
+    program = Path(argv[0]).name
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if (env or {}).get("TF_CONFIG") or module.startswith(
+        ("stratoflow.training.", "stratoflow.distributed.")
+    ):
+        return "a training process"
+    if "airflow" in (program, module):
+        return "an Airflow command"
+    if program in _SERVER_PROGRAMS or ("mlflow" in (program, module) and "server" in argv):
+        return "a server"
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Fail a test not marked `integration` that starts what only integration tests may."""
+    if item.get_closest_marker("integration"):
+        yield
+        return
+    started = item.stash.setdefault(_STARTED_UNMARKED, [])
+    original = subprocess.Popen.__init__
+
+    def checked(self: Any, args: Any, *more: Any, **kwargs: Any) -> None:
+        what = integration_only(args, kwargs.get("env"))
+        if what:
+            started.append(f"{what}: {args}")  # also when started in another thread
+            self._child_created = False  # what Popen.__del__ reads
+            pytest.fail(f"{item.nodeid} starts {what} but is not marked integration: {args}")
+        original(self, args, *more, **kwargs)
+
+    subprocess.Popen.__init__ = checked  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, Any, None]:
-    """Turn a skip that is not in ALLOWED_SKIPS into a failure naming the skip's reason."""
+    """Turn a skip that is not in ALLOWED_SKIPS into a failure naming the skip's reason, and a
+    passed test that started an integration-only process (in any thread) into a failure."""
     outcome = yield
     report = outcome.get_result()
+    started = item.stash.get(_STARTED_UNMARKED, [])
+    if started and report.passed and report.when == "call":
+        report.outcome = "failed"
+        report.longrepr = f"started without the integration marker: {'; '.join(started)}"
+        return
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr

@@ -1,5 +1,5 @@
 """What each service component is given (environment, command line) and the light helpers around
-the stack; the live stack itself is tested in `tests/integration/test_services_stack.py`."""
+the stack; the live stack itself is tested in `tests/integration/services/`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""One multi-worker process that trains the same model once per seed and records per-step losses.
+"""One multi-worker process that trains each run it is given and records per-step losses.
 
 `python -m tests.tasks.step_losses_program PAYLOAD RESULT`, started by the launcher as every
 member of a multi_worker_mirrored cluster (see tests/tasks/test_equivalence.py). A process can
-make a multi-worker strategy only once, so one launch covers every seed: the strategy is made
-once and handed to `stratoflow.training.trainer.train` for each run.
+make a multi-worker strategy only once, so one launch covers every model and seed: the strategy
+is made once and handed to `stratoflow.training.trainer.train` for each run.
 
-Payload: `pipeline`, `dataset`, `record_steps` and `runs`, a list of `{"config", "run_dir"}`.
+Payload: `record_steps` and `runs`, a list of `{"pipeline", "dataset", "config", "run_dir"}`.
 Result: `{"runs": [...]}`, one `{"step_losses", "model_path", "num_replicas", "num_workers"}`
 per run.
 """
@@ -29,7 +29,7 @@ def main(payload_path: str, result_path: str) -> None:
         required_logical_cpus,
     )
 
-    specs = [parse_spec(payload["pipeline"], run["config"]) for run in payload["runs"]]
+    specs = [parse_spec(run["pipeline"], run["config"]) for run in payload["runs"]]
     configure_host_devices(required_logical_cpus(specs[0].training))
     strategy = make_strategy(specs[0].training)  # before any other TensorFlow op
 
@@ -39,12 +39,11 @@ def main(payload_path: str, result_path: str) -> None:
 
     sys.stdout.write(READY_MARKER + "\n")
     sys.stdout.flush()
-    dataset = DatasetRef.from_dict(payload["dataset"])
     results = []
     for spec, run in zip(specs, payload["runs"], strict=True):
         trained = train(
             spec,
-            dataset,
+            DatasetRef.from_dict(run["dataset"]),
             Path(run["run_dir"]),
             strategy=strategy,
             record_steps=payload["record_steps"],

@@ -234,6 +234,7 @@ _CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # two processes importing TensorFlow and building at once
 def test_two_processes_preparing_at_once_build_once(digits_ref, tmp_path):
     data_dir, go = tmp_path / "data", tmp_path / "go"
     ready = [tmp_path / f"ready-{index}" for index in range(2)]

@@ -82,6 +82,7 @@ def digits_run(tf_runtime):
     return run, prepared, trained, evaluated, registered, lines.records
 
 
+@pytest.mark.integration
 def test_digits_pipeline_end_to_end(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -112,6 +113,7 @@ def test_digits_pipeline_end_to_end(digits_run):
     assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
 
 
+@pytest.mark.integration
 def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environment(
     digits_run, tmp_path
 ):
@@ -173,6 +175,7 @@ def tf_version() -> str:
     return str(tf.__version__)
 
 
+@pytest.mark.integration
 def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -197,6 +200,7 @@ def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
     assert np.median(gaps) < 1.5, gaps
 
 
+@pytest.mark.integration
 def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_run):
     from stratoflow.tracking import mlflow_runs
 
@@ -220,6 +224,7 @@ def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_r
     assert progress[0][0] < last_epoch_logged
 
 
+@pytest.mark.integration
 def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     """SIGKILL the training child after its first checkpoint; the retry resumes at epoch 2."""
     from stratoflow.distributed.launcher import ChildProcessFailed
@@ -279,6 +284,7 @@ def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypat
         train.train(AirflowRun(run.dag_id, run.run_id, try_number=2), prepared)
 
 
+@pytest.mark.integration
 def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     """Training fails for good (no TPU here): no version, no checkpoint, the MLflow run FAILED."""
     from stratoflow.distributed.launcher import ChildProcessFailed
@@ -300,6 +306,7 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     assert not Path(settings.run_dir(run.dag_id, run.run_id)).exists()
 
 
+@pytest.mark.integration
 def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     from stratoflow.tracking import mlflow_runs
     from tasks import clean_up, evaluate, prepare, register, train

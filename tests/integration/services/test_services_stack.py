@@ -2,8 +2,9 @@
 dag-processor and triggerer as separate processes (`stratoflow.services`), used over HTTP as a
 user would, with a token.
 
-One stack serves the whole module. Two DAG runs go on at the same time (the stack has a
-parallelism of 2), with faults injected while they run:
+One stack serves the whole package (conftest.py; the UI trigger tests use it first). Two DAG
+runs go on at the same time (the stack has a parallelism of 2), with faults injected while they
+run:
 
 - a REST-triggered mnist run (mirrored, 2 replicas, 2 epochs) whose scheduler is SIGKILLed and
   restarted while `train_model` runs;
@@ -18,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +29,11 @@ import psutil
 import pytest
 
 from stratoflow.config import names, settings
-from stratoflow.services import Stack, StartReport, wait_for_dags
+from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, SCHEDULER
 from stratoflow.services.processes import group_members
+from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -45,61 +45,6 @@ REFRESH_DIGITS = names.refresh_dag_id("stratoflow_digits")
 MNIST_CONF = {"strategy": "mirrored", "replicas": 2, "epochs": 2}
 RUN_TIMEOUT_S = 900
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
-
-
-@dataclass
-class LiveStack:
-    stack: Stack
-    report: StartReport
-    api: AirflowApi
-
-    @property
-    def mlflow_uri(self) -> str:
-        assert self.stack.config is not None
-        return self.stack.config.mlflow_uri
-
-    @property
-    def api_url(self) -> str:
-        assert self.stack.config is not None
-        return self.stack.config.api_url
-
-    def mlflow(self) -> Any:
-        from mlflow import MlflowClient
-
-        # Not `tracking.client()`: it sets the process-wide URI other test modules rely on.
-        return MlflowClient(tracking_uri=self.mlflow_uri, registry_uri=self.mlflow_uri)
-
-
-@pytest.fixture(scope="module")
-def live(session_home: Path) -> Any:
-    """The whole stack, started once for this module, with this repo's DAGs parsed."""
-    state = Path(tempfile.mkdtemp(prefix="stratoflow-services-"))
-    stack = Stack(state, attached=True, data_dir=settings.data_dir())
-    try:
-        report = stack.up()
-        log.info("services: %s", report.describe())
-        assert stack.config is not None
-        api = AirflowApi(stack.config.api_url, ADMIN_USER, stack.config.admin_password)
-        wait_for_dags(stack)
-        yield LiveStack(stack, report, api)
-    finally:
-        stack.down()
-        shutil.rmtree(state, ignore_errors=True)
-
-
-def _unpause_and_cancel_the_missed_slot(api: AirflowApi, dag_id: str) -> dict[str, Any]:
-    """Unpause a cron DAG; Airflow (catchup off) runs its latest cron slot at once: cancel it.
-
-    Returns the scheduled run, to show the cron schedule works.
-    """
-    api.set_paused(dag_id, False)
-    deadline = time.monotonic() + 60
-    while not (runs := [r for r in api.runs(dag_id) if r["run_type"] == "scheduled"]):
-        assert time.monotonic() < deadline, f"{dag_id}: no scheduled run 60 s after unpausing"
-        time.sleep(0.5)
-    (scheduled,) = runs
-    api.set_run_state(dag_id, scheduled["dag_run_id"], "failed")
-    return scheduled
 
 
 # ----- security --------------------------------------------------------------------------------
@@ -192,7 +137,7 @@ def live_runs(live: LiveStack) -> LiveRuns:
     """Trigger the mnist run and the digits refresh together; inject the faults as they run."""
     api, record = live.api, LiveRuns()
     for dag_id in (MNIST, DIGITS):
-        record.scheduled_runs[dag_id] = _unpause_and_cancel_the_missed_slot(api, dag_id)
+        record.scheduled_runs[dag_id] = unpause_and_cancel_the_missed_slot(api, dag_id)
     api.set_paused(REFRESH_DIGITS, False)
 
     started = time.monotonic()
@@ -391,7 +336,7 @@ def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: L
     """
     api = live.api
     if api.dag(DIGITS)["is_paused"]:  # when run alone, without the `live_runs` fixture
-        _unpause_and_cancel_the_missed_slot(api, DIGITS)
+        unpause_and_cancel_the_missed_slot(api, DIGITS)
     run_id = api.trigger(DIGITS, {"epochs": 1000})["dag_run_id"]
     mlflow = live.mlflow()
     killed: list[int] = []

@@ -4,10 +4,11 @@ A user signs in to the api-server of a services stack (`stratoflow.services`), o
 form of a DAG and presses Trigger. Every Param's default must make a valid form (Trigger enabled,
 no error on "Run Parameters"), for every retrain and benchmark DAG. For every retrain DAG, two
 runs are triggered through the form, one with the defaults and one with another strategy picked
-from the dropdown, and both must succeed, training under the strategy the form showed.
+from the dropdown (and fewer epochs typed in), and both must succeed, training under the strategy
+the form showed.
 
-One stack serves the module (the `live` fixture of `test_services_stack.py`). A screenshot of
-each failure lands in a temporary folder whose path the failure message gives.
+One stack serves the package (`live`, in this package's conftest.py). A screenshot of each
+failure lands in a temporary folder whose path the failure message gives.
 """
 
 from __future__ import annotations
@@ -29,20 +30,17 @@ from stratoflow.config import names
 from stratoflow.config.params import dag_params
 from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.services.config import ADMIN_USER
-from tests.integration import test_services_stack as services_tests
+from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 from tests.integration.test_mlflow_ui_browser import CHROMIUM, CHROMIUM_ARGS
-from tests.integration.test_services_stack import LiveStack, _unpause_and_cancel_the_missed_slot
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
-
-# The services stack's own module fixture: this module starts one stack of its own with it.
-live = services_tests.live
 
 PIPELINES = list_pipelines()
 RETRAIN_DAGS = [names.retrain_dag_id(pipeline) for pipeline in PIPELINES]
 BENCHMARK_DAGS = [names.benchmark_dag_id(pipeline) for pipeline in PIPELINES]
 OTHER_STRATEGY = "mirrored"  # picked from the dropdown for the second run
+OTHER_EPOCHS = 2  # typed into the form for the second run: the defaults' epochs run in the first
 PAGE_TIMEOUT_MS = 120_000  # the UI's first load on a busy 2-core machine
 RUN_TIMEOUT_S = 900
 REQUIRED_ERROR = "This field is required"  # the form's message for an empty required field
@@ -147,7 +145,7 @@ def ui_runs(ui: Ui, live: LiveStack) -> UiRuns:
     run_ids: dict[str, dict[str, str]] = {}
     for pipeline, dag_id in zip(PIPELINES, RETRAIN_DAGS, strict=True):
         # Unpausing runs the cron's latest slot at once; it would hold the DAG's only run slot.
-        _unpause_and_cancel_the_missed_slot(live.api, dag_id)
+        unpause_and_cancel_the_missed_slot(live.api, dag_id)
         default = load_spec(pipeline).training.strategy
         assert default != OTHER_STRATEGY
         run_ids[dag_id] = {}
@@ -166,6 +164,7 @@ def _trigger_from_the_form(ui: Ui, dag_id: str, strategy: str, default: str) -> 
         # The field's text: react-select's announcement for screen readers, then the value.
         shown = dialog.locator("#element_strategy").inner_text().splitlines()[-1]
         assert shown.startswith(f"{strategy}:"), shown
+        dialog.locator("input[name='element_epochs']").fill(str(OTHER_EPOCHS))
         assert form_problems(dialog) == []
     dialog.get_by_role("button", name="Trigger", exact=True).click()
     # The UI opens the new run's page: its URL names the run.
@@ -190,8 +189,9 @@ def test_runs_triggered_from_the_form_succeed_under_the_chosen_strategy(
         tasks = {t["task_id"]: t["state"] for t in live.api.task_instances(dag_id, run_id)}
         assert run["state"] == "success", f"{run_id} ({strategy}): {run['state']}, tasks {tasks}"
         assert run["run_type"] == "manual"
-        # The form sends every Param: the defaults, with the strategy the user picked.
-        assert run["conf"] == {**defaults, "strategy": strategy}, run_id
+        # The form sends every Param: the defaults, with what the user picked and typed.
+        changed = {} if strategy == defaults["strategy"] else {"epochs": OTHER_EPOCHS}
+        assert run["conf"] == {**defaults, "strategy": strategy, **changed}, run_id
         assert run["conf"]["cluster"] is None  # no standing cluster: local processes
         (mlflow_run,) = mlflow.search_runs(
             [experiment.experiment_id], filter_string=f"tags.`airflow.run_id` = '{run_id}'"
