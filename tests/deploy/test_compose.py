@@ -538,11 +538,12 @@ def test_compose_and_the_local_stack_give_airflow_the_same_settings(
             assert env_of(services[component])[name] == local_env[name], (
                 f"{component}: {name} differs between compose and the local stack"
             )
-    local = set(stack_config.environment_names(MLFLOW)) - LOCAL_ONLY_MLFLOW_ENV
-    compose = set(env_of(services[MLFLOW]))
-    assert local == compose, (
+    local_mlflow = set(stack_config.environment_names(MLFLOW)) - LOCAL_ONLY_MLFLOW_ENV
+    compose_mlflow = set(env_of(services[MLFLOW]))
+    assert local_mlflow == compose_mlflow, (
         f"{MLFLOW}: the local stack and docker-compose.yml differ: only local "
-        f"{sorted(local - compose)}, only compose {sorted(compose - local)}"
+        f"{sorted(local_mlflow - compose_mlflow)}, only compose "
+        f"{sorted(compose_mlflow - local_mlflow)}"
     )
     local_command = stack_config.command(MLFLOW, placeholder)
     assert "basic-auth" in local_command and "basic-auth" in mlflow_server_command(
