@@ -7,8 +7,9 @@
 # Keras and stratoflow code; MLflow's server and its clients likewise share one MLflow version.
 #
 # The base is the official Airflow image at the exact release pyproject.toml pins
-# (apache-airflow==3.3.*): it brings Airflow, its providers (postgres: psycopg2 and psycopg 3),
-# the entrypoint, dumb-init and curl.
+# (apache-airflow==3.3.*): it brings Airflow, its providers (postgres: psycopg2 and psycopg 3;
+# fab, the auth manager, which `pip install .` sets to the version pyproject.toml pins), the
+# entrypoint, dumb-init and curl.
 FROM apache/airflow:3.3.2-python3.11
 
 # root (numeric ids: hadolint DL3066)
@@ -17,8 +18,8 @@ USER 0
 # the folder it is first mounted on, so these make every volume writable by the airflow user
 # (uid 50000, gid 0) without a chown step at start.
 RUN mkdir -p /opt/stratoflow/src /opt/stratoflow/home /opt/stratoflow/tensorflow_datasets \
-        /opt/mlflow/artifacts /opt/airflow/auth \
-    && chown -R airflow:0 /opt/stratoflow /opt/mlflow /opt/airflow/auth
+        /opt/mlflow/artifacts \
+    && chown -R airflow:0 /opt/stratoflow /opt/mlflow
 
 # the image's airflow user: pip installs into its environment, and every container runs as it
 USER 50000

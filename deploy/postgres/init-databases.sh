@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates the deployment's two databases, each owned by its own login role: `airflow` (Airflow's
-# metadata DB) and `mlflow` (MLflow's tracking and model registry store). The postgres image runs
+# Creates the deployment's databases, each owned by its own login role: `airflow` (Airflow's
+# metadata DB, with the FAB auth manager's users and roles), `mlflow` (MLflow's tracking and model
+# registry store) and `mlflow_auth` (the user store of MLflow's basic-auth app, owned by `mlflow`). The postgres image runs
 # this once, when its data volume is new (/docker-entrypoint-initdb.d/), as the superuser
 # $POSTGRES_USER; the passwords come from the environment (.env), never from this file.
 # Neither role may connect to the other's database.
@@ -16,4 +17,6 @@ REVOKE ALL ON DATABASE airflow FROM PUBLIC;
 CREATE ROLE mlflow LOGIN PASSWORD :'mlflow_password';
 CREATE DATABASE mlflow OWNER mlflow;
 REVOKE ALL ON DATABASE mlflow FROM PUBLIC;
+CREATE DATABASE mlflow_auth OWNER mlflow;
+REVOKE ALL ON DATABASE mlflow_auth FROM PUBLIC;
 SQL

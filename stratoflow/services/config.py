@@ -30,9 +30,16 @@ COMPONENTS = (POSTGRES, MLFLOW, *AIRFLOW_COMPONENTS)
 
 HOST = "127.0.0.1"
 ADMIN_USER = "admin"
+# Airflow's auth manager: FAB, with users and roles in the metadata DB (Admin, Op, Viewer...).
+FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+ADMIN_ROLE = "Admin"
+# MLflow's basic-auth app: its admin, and the account the Airflow tasks log and register with.
+MLFLOW_ADMIN_USER = "admin"
+MLFLOW_SERVICE_USER = "stratoflow-airflow"
 # Small on purpose: every task process imports TensorFlow (about half a GB) on a small host.
 PARALLELISM = 2
-DATABASES = {"airflow": "airflow", "mlflow": "mlflow"}  # database -> owning role
+# database -> owning role; `mlflow_auth` is the user store of MLflow's basic-auth app.
+DATABASES = {"airflow": "airflow", "mlflow": "mlflow", "mlflow_auth": "mlflow"}
 
 
 def default_state_dir() -> Path:
@@ -49,6 +56,9 @@ def new_secrets() -> dict[str, str]:
         "jwt_secret": secrets.token_urlsafe(32),
         "api_secret_key": secrets.token_urlsafe(32),
         "fernet_key": base64.urlsafe_b64encode(os.urandom(32)).decode(),
+        "mlflow_admin_password": secrets.token_urlsafe(18),
+        "mlflow_service_password": secrets.token_urlsafe(18),
+        "mlflow_secret_key": secrets.token_urlsafe(32),
     }
 
 
@@ -85,8 +95,9 @@ class StackConfig:
         return self.state_dir / "logs"
 
     @property
-    def passwords_file(self) -> Path:
-        return self.airflow_home / "simple_auth_manager_passwords.json"
+    def mlflow_auth_config(self) -> Path:
+        """The basic-auth app's ini: it names the user store with its password, so private."""
+        return self.state_dir / "mlflow_auth.ini"
 
     @property
     def mlflow_uri(self) -> str:
@@ -101,6 +112,14 @@ class StackConfig:
     @property
     def admin_password(self) -> str:
         return self.secrets["airflow_admin_password"]
+
+    @property
+    def mlflow_admin_password(self) -> str:
+        return self.secrets["mlflow_admin_password"]
+
+    @property
+    def mlflow_service_password(self) -> str:
+        return self.secrets["mlflow_service_password"]
 
     def database_password(self, database: str) -> str:
         return self.secrets[f"postgres_{DATABASES[database]}_password"]
@@ -135,6 +154,13 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
             # uses no MLflow jobs.
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             "MLFLOW_DISABLE_TELEMETRY": "true",
+            # basic-auth (stratoflow.services.mlflow_auth): the ini and the user store it names,
+            # the admin created on the first start, and the key signing its CSRF tokens.
+            "MLFLOW_AUTH_CONFIG_PATH": str(config.mlflow_auth_config),
+            "MLFLOW_AUTH_DATABASE_URI": config.database_uri("mlflow_auth"),
+            "MLFLOW_AUTH_ADMIN_USERNAME": MLFLOW_ADMIN_USER,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": config.mlflow_admin_password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": config.secrets["mlflow_secret_key"],
         }
     if component not in AIRFLOW_COMPONENTS:
         raise ValueError(f"unknown component {component!r}; known: {', '.join(COMPONENTS)}")
@@ -151,12 +177,8 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         # scheduler signs and the API server checks: both need the same secret.
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.api_url}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": config.secrets["jwt_secret"],
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(config.passwords_file),
+        # Users and roles in the metadata DB; `stratoflow.services.airflow_users` adds them.
+        "AIRFLOW__CORE__AUTH_MANAGER": FAB_AUTH_MANAGER,
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": config.database_uri("airflow"),
         "AIRFLOW__API__HOST": HOST,
         "AIRFLOW__API__PORT": str(config.ports[API_SERVER]),
@@ -167,6 +189,9 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         # The tasks' stores: the stack's MLflow server, datasets and run folders.
         settings.STATE_DIR_ENV: str(config.state_dir),
         settings.TRACKING_URI_ENV: config.mlflow_uri,
+        # The tasks' MLflow account, read by MLflow's client from the environment.
+        "MLFLOW_TRACKING_USERNAME": MLFLOW_SERVICE_USER,
+        "MLFLOW_TRACKING_PASSWORD": config.mlflow_service_password,
         settings.DATA_DIR_ENV: str(config.data_dir),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PYTHONPATH": str(settings.PROJECT_ROOT),
@@ -201,6 +226,8 @@ def command(component: str, config: StackConfig) -> list[str]:
             "--workers",
             "1",
             "--serve-artifacts",
+            "--app-name",
+            "basic-auth",
         ]
     airflow = [sys.executable, "-m", "airflow"]
     if component == API_SERVER:

@@ -113,10 +113,15 @@ def http_problem(url: str, check_body: Callable[[Any], str | None]) -> str | Non
 
 def write_private(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON readable by the owner only (created 0600, never world-readable meanwhile)."""
+    write_private_text(path, json.dumps(data, indent=1))
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Write `text` readable by the owner only (created 0600, never world-readable meanwhile)."""
     temporary = path.with_suffix(".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as stream:
-        json.dump(data, stream, indent=1)
+        stream.write(text)
     os.replace(temporary, path)
 
 

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from stratoflow.distributed.cluster import free_ports
 from stratoflow.distributed.launcher import die_with_parent
 from stratoflow.services import postgres
 from stratoflow.services.config import (
+    ADMIN_ROLE,
     ADMIN_USER,
     AIRFLOW_COMPONENTS,
     API_SERVER,
@@ -34,6 +36,8 @@ from stratoflow.services.config import (
     DATABASES,
     HOST,
     MLFLOW,
+    MLFLOW_ADMIN_USER,
+    MLFLOW_SERVICE_USER,
     POSTGRES,
     SCHEDULER,
     StackConfig,
@@ -135,14 +139,16 @@ class Stack:
             self._start_postgres(deadline)
             timings[POSTGRES] = time.monotonic() - started
             mark = time.monotonic()
-            # MLflow migrates its store while Airflow migrates its metadata DB.
+            # MLflow migrates its stores while Airflow migrates its metadata DB.
+            self._write_mlflow_auth_config()
             self.start_component(MLFLOW)
             self._migrate_airflow_db(deadline)
             timings["airflow-db-migrate"] = time.monotonic() - mark
-            self._write_passwords_file()
+            self._ensure_airflow_admin(deadline)
             for component in AIRFLOW_COMPONENTS:
                 self.start_component(component)
             self.wait_healthy(MLFLOW, deadline)
+            self._ensure_mlflow_service_account()
             timings[MLFLOW] = time.monotonic() - mark
             self.wait_healthy(API_SERVER, deadline)
             timings["airflow"] = time.monotonic() - mark
@@ -330,10 +336,60 @@ class Stack:
         except AirflowSetupError as error:
             raise ServiceError(f"Airflow's metadata DB could not be migrated: {error}") from None
 
-    def _write_passwords_file(self) -> None:
+    def _ensure_airflow_admin(self, deadline: float) -> None:
+        """Create the admin in FAB's user table, or reset its password to the secret's."""
+        from stratoflow.services.airflow_users import PASSWORD_ENV
+
         config = self._require_config()
-        config.passwords_file.parent.mkdir(parents=True, exist_ok=True)
-        write_private(config.passwords_file, {ADMIN_USER: config.admin_password})
+        env = {
+            **os.environ,
+            **environment(SCHEDULER, config),
+            PASSWORD_ENV: config.admin_password,
+        }
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stratoflow.services.airflow_users",
+                "--username",
+                ADMIN_USER,
+                "--role",
+                ADMIN_ROLE,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=max(deadline - time.monotonic(), 1),
+        )
+        if result.returncode:
+            raise ServiceError(
+                f"the Airflow admin could not be created (exit code {result.returncode}):\n"
+                f"{(result.stdout + result.stderr)[-3000:]}"
+            )
+
+    # ----- MLflow ----------------------------------------------------------------------------
+
+    def _write_mlflow_auth_config(self) -> None:
+        from stratoflow.services.mlflow_auth import write_config
+
+        config = self._require_config()
+        write_config(config.mlflow_auth_config, config.database_uri("mlflow_auth"))
+
+    def _ensure_mlflow_service_account(self) -> None:
+        """Create the tasks' MLflow account, or set its password to the secret's (a restart)."""
+        from stratoflow.services.mlflow_auth import MlflowAuthError, ensure_account
+
+        config = self._require_config()
+        try:
+            ensure_account(
+                config.mlflow_uri,
+                (MLFLOW_ADMIN_USER, config.mlflow_admin_password),
+                MLFLOW_SERVICE_USER,
+                config.mlflow_service_password,
+            )
+        except MlflowAuthError as error:
+            raise ServiceError(str(error)) from None
 
     # ----- state -----------------------------------------------------------------------------
 
@@ -442,7 +498,8 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
     lines += [
         f"  Airflow UI and REST API: {config.api_url}  (user {ADMIN_USER}, password: "
         f"airflow_admin_password in {stack.state_dir / SECRETS_FILE})",
-        f"  MLflow tracking server:  {config.mlflow_uri}",
+        f"  MLflow tracking server:  {config.mlflow_uri}  (user {MLFLOW_ADMIN_USER}, password: "
+        f"mlflow_admin_password in {stack.state_dir / SECRETS_FILE})",
         f"  PostgreSQL:              {HOST}:{config.ports[POSTGRES]} (databases "
         f"{', '.join(DATABASES)})",
         f"  logs: {config.logs_dir}",

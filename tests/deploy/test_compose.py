@@ -37,12 +37,20 @@ SCHEDULER = "airflow-scheduler"
 # The long-running Airflow components (LocalExecutor: tasks run in the scheduler's container).
 AIRFLOW_SERVICES = (API_SERVER, SCHEDULER, "airflow-dag-processor", "airflow-triggerer")
 MLFLOW = "mlflow"
+MLFLOW_INIT = "mlflow-init"
 POSTGRES = "postgres"
 # Standing TensorFlow servers: service name -> (job, index) in the cluster.
 TF_SERVERS = {"ps-0": ("ps", 0), "worker-0": ("worker", 0), "worker-1": ("worker", 1)}
-REQUIRED_SERVICES = {POSTGRES, AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, *TF_SERVERS}
-# Runs once and exits; a healthcheck has nothing to watch (the others wait for its exit 0).
-ONE_SHOT_SERVICES = {AIRFLOW_INIT}
+REQUIRED_SERVICES = {
+    POSTGRES,
+    AIRFLOW_INIT,
+    *AIRFLOW_SERVICES,
+    MLFLOW,
+    MLFLOW_INIT,
+    *TF_SERVERS,
+}
+# Run once and exit; a healthcheck has nothing to watch (the others wait for their exit 0).
+ONE_SHOT_SERVICES = {AIRFLOW_INIT, MLFLOW_INIT}
 # The only ports published to the host: service -> container port.
 PUBLISHED_PORTS = {API_SERVER: 8080, MLFLOW: 5000}
 
@@ -62,11 +70,10 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "AIRFLOW__API__SECRET_KEY",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
         "AIRFLOW__CORE__AUTH_MANAGER",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",
         "MLFLOW_TRACKING_URI",
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
         "MLFLOW_DISABLE_TELEMETRY",
         "STRATOFLOW_HOME",
         "TFDS_DATA_DIR",
@@ -79,9 +86,9 @@ STACK_AIRFLOW_INIT_ENV_KEYS = STACK_AIRFLOW_ENV_KEYS | {
     "AIRFLOW_ADMIN_USERNAME",
     "AIRFLOW_ADMIN_PASSWORD",
 }
-SIMPLE_AUTH_MANAGER = (
-    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-)
+MLFLOW_SERVER_SCRIPT = ROOT / "deploy" / "mlflow-server.sh"
+AIRFLOW_INIT_SCRIPT = ROOT / "deploy" / "airflow-init.sh"
+INIT_DATABASES_SCRIPT = ROOT / "deploy" / "postgres" / "init-databases.sh"
 
 # `${NAME}`, `${NAME:-default}`, `${NAME:?error}`...; `$$` is compose's escaped dollar.
 VARIABLE = re.compile(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])[^}]*)?\}")
@@ -201,7 +208,7 @@ def test_every_image_is_pinned(services: dict[str, Any], pyproject: dict[str, An
 
 
 def test_project_image_runs_every_stratoflow_service(services: dict[str, Any]) -> None:
-    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, *TF_SERVERS):
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, MLFLOW_INIT, *TF_SERVERS):
         assert "build" in services[name], f"{name}: must run the project image built here"
 
 
@@ -237,8 +244,7 @@ def test_mlflow_server_uses_its_own_database_and_serves_artifacts(
 ) -> None:
     mlflow = services[MLFLOW]
     env = env_of(mlflow)
-    command = [*mlflow.get("entrypoint", []), *mlflow.get("command", [])]
-    assert command[:2] == ["mlflow", "server"], f"{MLFLOW}: runs {command}, not `mlflow server`"
+    command = mlflow_server_command(mlflow)
     scheme, user, host, database = sqlalchemy_url(MLFLOW, env["MLFLOW_BACKEND_STORE_URI"])
     assert scheme.startswith("postgresql"), f"{MLFLOW}: backend store is {scheme}"
     assert (user, host, database) == ("mlflow", POSTGRES, "mlflow"), (
@@ -326,13 +332,18 @@ def test_start_order(services: dict[str, Any]) -> None:
     expected = {
         AIRFLOW_INIT: {POSTGRES: "service_healthy"},
         MLFLOW: {POSTGRES: "service_healthy"},
+        MLFLOW_INIT: {MLFLOW: "service_healthy"},
         **{
             name: {POSTGRES: "service_healthy", AIRFLOW_INIT: "service_completed_successfully"}
             for name in AIRFLOW_SERVICES
         },
     }
     # The scheduler's tasks call the Execution API and MLflow as soon as they start.
-    expected[SCHEDULER] |= {API_SERVER: "service_healthy", MLFLOW: "service_healthy"}
+    # ... and sign in to MLflow with the account mlflow-init creates.
+    expected[SCHEDULER] |= {
+        API_SERVER: "service_healthy",
+        MLFLOW_INIT: "service_completed_successfully",
+    }
     for name, conditions in expected.items():
         depends_on = services[name].get("depends_on", {})
         assert isinstance(depends_on, dict), f"{name}: depends_on must state conditions"
@@ -395,22 +406,70 @@ def test_state_and_datasets_are_shared_volumes(services: dict[str, Any]) -> None
         assert len(volumes) == 1, f"{variable} is on different volumes: {sorted(volumes)}"
 
 
+def mlflow_server_command(service: dict[str, Any]) -> list[str]:
+    """The `mlflow server ...` argv the mlflow service runs (through deploy/mlflow-server.sh)."""
+    entrypoint = service.get("entrypoint", [])
+    assert entrypoint == ["/bin/bash", "/opt/stratoflow/src/deploy/mlflow-server.sh"], (
+        f"{MLFLOW}: entrypoint {entrypoint} is not deploy/mlflow-server.sh"
+    )
+    assert 'exec mlflow server "$@"' in MLFLOW_SERVER_SCRIPT.read_text(), (
+        "deploy/mlflow-server.sh does not end by running `mlflow server` with its arguments"
+    )
+    return ["mlflow", "server", *service.get("command", [])]
+
+
 def test_airflow_requires_login(services: dict[str, Any]) -> None:
+    from stratoflow.services import config as stack_config
+
     for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES):
         env = env_of(services[name])
-        assert env.get("AIRFLOW__CORE__AUTH_MANAGER") == SIMPLE_AUTH_MANAGER, (
+        assert env.get("AIRFLOW__CORE__AUTH_MANAGER") == stack_config.FAB_AUTH_MANAGER, (
             f"{name}: AIRFLOW__CORE__AUTH_MANAGER is {env.get('AIRFLOW__CORE__AUTH_MANAGER')!r}"
         )
-        assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "").lower() == "false", (
-            f"{name}: SIMPLE_AUTH_MANAGER_ALL_ADMINS must be False (no anonymous admin)"
-        )
-        assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS") == (
-            "${AIRFLOW_ADMIN_USERNAME:?set AIRFLOW_ADMIN_USERNAME in .env}:admin"
-        ), f"{name}: the users must be the .env admin"
-    passwords = env_of(services[API_SERVER])["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
-    for name in (AIRFLOW_INIT, API_SERVER):
-        assert str(Path(passwords).parent) in volume_targets(services[name]), (
-            f"{name}: the passwords file {passwords} is not on the shared airflow-auth volume"
+    # airflow-init creates the .env admin with role Admin, the password from the environment.
+    script = AIRFLOW_INIT_SCRIPT.read_text()
+    assert re.search(
+        r'STRATOFLOW_AIRFLOW_USER_PASSWORD="\$AIRFLOW_ADMIN_PASSWORD"\s*\\\s*'
+        r'python -m stratoflow\.services\.airflow_users --username "\$AIRFLOW_ADMIN_USERNAME" '
+        r"--role Admin",
+        script,
+    ), "deploy/airflow-init.sh does not create the admin (role Admin) from .env"
+    assert "--password" not in script, "a password must not be on a command line"
+
+
+def test_mlflow_requires_login_and_tasks_use_their_account(services: dict[str, Any]) -> None:
+    from stratoflow.services import config as stack_config
+
+    mlflow, init = services[MLFLOW], services[MLFLOW_INIT]
+    command, env = mlflow_server_command(mlflow), env_of(mlflow)
+    assert command[command.index("--app-name") + 1] == "basic-auth", (
+        f"{MLFLOW}: the server does not run the basic-auth app: {command}"
+    )
+    _, user, host, database = sqlalchemy_url(MLFLOW, env["MLFLOW_AUTH_DATABASE_URI"])
+    assert (user, host, database) == ("mlflow", POSTGRES, "mlflow_auth"), (
+        f"{MLFLOW}: the user store is {user}@{host}/{database}, expected mlflow@postgres/"
+        "mlflow_auth"
+    )
+    assert "CREATE DATABASE mlflow_auth OWNER mlflow;" in INIT_DATABASES_SCRIPT.read_text()
+    assert env["MLFLOW_AUTH_ADMIN_USERNAME"] == stack_config.MLFLOW_ADMIN_USER
+    init_env = env_of(init)
+    assert init.get("entrypoint") == [
+        "python",
+        "-m",
+        "stratoflow.services.mlflow_auth",
+        "service-account",
+    ], f"{MLFLOW_INIT}: does not create the service account"
+    assert init_env["MLFLOW_AUTH_ADMIN_PASSWORD"] == env["MLFLOW_AUTH_ADMIN_PASSWORD"]
+    for name in AIRFLOW_SERVICES:
+        airflow = env_of(services[name])
+        # The tasks sign in as the account mlflow-init creates, with the same password.
+        assert (
+            airflow["MLFLOW_TRACKING_USERNAME"]
+            == init_env["MLFLOW_SERVICE_USERNAME"]
+            == (stack_config.MLFLOW_SERVICE_USER)
+        ), f"{name}: MLFLOW_TRACKING_USERNAME is not the service account"
+        assert airflow["MLFLOW_TRACKING_PASSWORD"] == init_env["MLFLOW_SERVICE_PASSWORD"], (
+            f"{name}: MLFLOW_TRACKING_PASSWORD differs from the service account's"
         )
 
 
@@ -448,11 +507,24 @@ LOCAL_ONLY_AIRFLOW_ENV = {
 }
 
 
-def test_compose_and_the_local_stack_give_airflow_the_same_settings() -> None:
+# The MLflow server: compose passes these two as flags (--artifacts-destination,
+# --allowed-hosts), the local stack as the variables the same flags read.
+LOCAL_ONLY_MLFLOW_ENV = {"MLFLOW_ARTIFACTS_DESTINATION", "MLFLOW_SERVER_ALLOWED_HOSTS"}
+
+
+def test_compose_and_the_local_stack_give_airflow_the_same_settings(
+    services: dict[str, Any],
+) -> None:
     # `make services` (stratoflow/services/) is the topology the tests run for real; the
     # compose file must not drift from it.
     from stratoflow.services import config as stack_config
 
+    placeholder = stack_config.StackConfig(
+        state_dir=Path("/srv/stratoflow"),
+        ports={stack_config.POSTGRES: 5432, MLFLOW: 5000, API_SERVER: 8080},
+        secrets=dict.fromkeys(stack_config.new_secrets(), "placeholder"),
+        data_dir=Path("/srv/stratoflow/tensorflow_datasets"),
+    )
     for component in stack_config.AIRFLOW_COMPONENTS:
         local = set(stack_config.environment_names(component)) - LOCAL_ONLY_AIRFLOW_ENV
         compose = STACK_AIRFLOW_ENV_KEYS - COMPOSE_ONLY_AIRFLOW_ENV
@@ -460,6 +532,23 @@ def test_compose_and_the_local_stack_give_airflow_the_same_settings() -> None:
             f"{component}: the local stack and docker-compose.yml differ: only local "
             f"{sorted(local - compose)}, only compose {sorted(compose - local)}"
         )
+        # The settings that are not paths, ports or secrets have the same value in both.
+        local_env = stack_config.environment(component, placeholder)
+        for name in ("AIRFLOW__CORE__AUTH_MANAGER", "MLFLOW_TRACKING_USERNAME"):
+            assert env_of(services[component])[name] == local_env[name], (
+                f"{component}: {name} differs between compose and the local stack"
+            )
+    local_mlflow = set(stack_config.environment_names(MLFLOW)) - LOCAL_ONLY_MLFLOW_ENV
+    compose_mlflow = set(env_of(services[MLFLOW]))
+    assert local_mlflow == compose_mlflow, (
+        f"{MLFLOW}: the local stack and docker-compose.yml differ: only local "
+        f"{sorted(local_mlflow - compose_mlflow)}, only compose "
+        f"{sorted(compose_mlflow - local_mlflow)}"
+    )
+    local_command = stack_config.command(MLFLOW, placeholder)
+    assert "basic-auth" in local_command and "basic-auth" in mlflow_server_command(
+        services[MLFLOW]
+    ), "the local stack and compose do not both run MLflow's basic-auth app"
 
 
 def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
@@ -479,9 +568,9 @@ def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
     match = re.fullmatch(r"apache/airflow:(3\.3\.\d+)-python(3\.\d+)", bases[0])
     assert match, f"Dockerfile: FROM {bases[0]} is not a pinned apache/airflow:3.3.X-pythonX.Y tag"
     airflow_version, python_version = match.groups()
-    pins = [
-        dep for dep in pyproject["project"]["dependencies"] if re.match(r"apache-airflow\b", dep)
-    ]
+    # apache-airflow itself, not a provider (apache-airflow-providers-fab...).
+    airflow_pin = re.compile(r"apache-airflow(?![-\w])")
+    pins = [dep for dep in pyproject["project"]["dependencies"] if airflow_pin.match(dep)]
     assert len(pins) == 1, f"pyproject.toml: expected one apache-airflow pin, got {pins}"
     specifier = SpecifierSet(re.sub(r"^apache-airflow(\[[^\]]*\])?", "", pins[0]))
     assert Version(airflow_version) in specifier, (

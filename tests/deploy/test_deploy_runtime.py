@@ -37,6 +37,7 @@ from tests.deploy.test_compose import (
     COMPOSE_FILE,
     MLFLOW,
     ROOT,
+    SCHEDULER,
     VARIABLE,
     env_example,
     env_of,
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.integration
 
 INIT_DATABASES = ROOT / "deploy" / "postgres" / "init-databases.sh"
 AIRFLOW_INIT_SCRIPT = ROOT / "deploy" / "airflow-init.sh"
+MLFLOW_SERVER_SCRIPT = ROOT / "deploy" / "mlflow-server.sh"
 BIN = Path(sys.executable).parent
 # What a user's .env would hold (hex, like `openssl rand -hex`), and a valid Fernet key.
 SECRETS = {name: os.urandom(16).hex() for name in env_example()} | {
@@ -233,12 +235,12 @@ def test_each_database_belongs_to_its_own_role(databases: Postgres) -> None:
 
 
 def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) -> None:
-    """airflow-init migrates the DB as `airflow` and sets the admin's password; the api-server
-    started with the compose environment logs the admin in and refuses everyone else."""
+    """airflow-init migrates the DB as `airflow` and creates the admin (FAB auth manager); the
+    api-server started with the compose environment logs the admin in and refuses everyone
+    else."""
     port = free_port()
     replace = {
         "@postgres:5432/": f"@127.0.0.1:{databases.port}/",
-        "/opt/airflow/auth/": f"{tmp_path}/auth/",
         "/opt/stratoflow/src/dags": str(ROOT / "dags"),
         "/opt/stratoflow/": f"{tmp_path}/stratoflow/",
     }
@@ -255,9 +257,7 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         check=False,
     )
     assert init.returncode == 0, f"airflow-init failed:\n{init.stdout[-3000:]}{init.stderr[-3000:]}"
-    passwords = tmp_path / "auth" / "passwords.json"
-    assert json.loads(passwords.read_text()) == {"admin": SECRETS["AIRFLOW_ADMIN_PASSWORD"]}
-    assert passwords.stat().st_mode & 0o077 == 0, "the passwords file is readable by others"
+    assert "admin set" in init.stdout, init.stdout[-2000:]
     # What the dag-processor service does: parse the DAGs into the DB.
     parsed = subprocess.run(
         [str(BIN / "airflow"), "dags", "reserialize"],
@@ -298,9 +298,13 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         assert json.loads(body)["conf"] == conf
 
 
-def test_mlflow_server_with_the_compose_flags(databases: Postgres, tmp_path: Path) -> None:
-    """The MLflow service's command on the `mlflow` database: Airflow's host name is accepted,
-    an unknown one refused, and artifacts go through the server to its artifact folder."""
+def test_mlflow_server_with_the_compose_flags(
+    databases: Postgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MLflow service's entrypoint and command on the `mlflow` database: sign-in required
+    (basic-auth, users in `mlflow_auth`), mlflow-init creates the tasks' account, Airflow's host
+    name is accepted, an unknown one refused, and artifacts go through the server to its
+    artifact folder."""
     compose = yaml.safe_load(COMPOSE_FILE.read_text())["services"][MLFLOW]
     port = free_port()
     artifacts = tmp_path / "artifacts"
@@ -308,23 +312,54 @@ def test_mlflow_server_with_the_compose_flags(databases: Postgres, tmp_path: Pat
         arg.replace("5000", str(port)).replace("/opt/mlflow/artifacts", str(artifacts))
         for arg in compose["command"]
     ]
-    env = service_env(MLFLOW, {"@postgres:5432/": f"@127.0.0.1:{databases.port}/"})
-    with running(
-        [str(BIN / "mlflow"), "server", *args], {**os.environ, **env}, tmp_path / "mlflow.log"
-    ):
+    replace = {
+        "@postgres:5432/": f"@127.0.0.1:{databases.port}/",
+        "/tmp/mlflow-auth/": f"{tmp_path}/mlflow-auth/",
+    }
+    env = service_env(MLFLOW, replace)
+    server_env = {**os.environ, **env, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    with running(["bash", str(MLFLOW_SERVER_SCRIPT), *args], server_env, tmp_path / "mlflow.log"):
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health")
+        ini = Path(env["MLFLOW_AUTH_CONFIG_PATH"])
+        assert ini.stat().st_mode & 0o077 == 0, "the basic-auth config is readable by others"
         search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
         status, _ = request(search, headers={"Host": f"mlflow:{port}"})
+        assert status == 401, f"an anonymous search answered {status}"
+        import base64
+
+        admin = f"admin:{SECRETS['MLFLOW_ADMIN_PASSWORD']}".encode()
+        basic = {"Authorization": "Basic " + base64.b64encode(admin).decode()}
+        status, _ = request(search, headers={"Host": f"mlflow:{port}", **basic})
         assert status == 200, f"Host mlflow:{port} (Airflow's tasks) was refused: {status}"
-        status, _ = request(search, headers={"Host": "attacker.example"})
+        status, _ = request(search, headers={"Host": "attacker.example", **basic})
         assert status in (400, 403), f"an unknown Host header was accepted: {status}"
+        # What mlflow-init does, then what a task does with the account it made.
+        init_env = service_env("mlflow-init", {"http://mlflow:5000": url})
+        init = subprocess.run(
+            [sys.executable, "-m", "stratoflow.services.mlflow_auth", "service-account"],
+            env={**os.environ, **init_env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert init.returncode == 0, f"mlflow-init failed:\n{init.stderr[-3000:]}"
+        task_env = service_env(SCHEDULER, {})
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", task_env["MLFLOW_TRACKING_USERNAME"])
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", task_env["MLFLOW_TRACKING_PASSWORD"])
 
         import mlflow
 
         client = mlflow.MlflowClient(tracking_uri=url)
         experiment = client.create_experiment("compose-probe")
         run = client.create_run(experiment)
+        # The account created the experiment, so MLflow made it its manager.
+        status, body = request(
+            f"{url}/api/3.0/mlflow/users/permissions/get?username=stratoflow-airflow"
+            f"&resource_type=experiment&resource_id={experiment}",
+            headers=basic,
+        )
+        assert status == 200 and json.loads(body)["permission"] == "MANAGE", (status, body)
         (tmp_path / "note.txt").write_text("through the server")
         client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
         assert run.info.artifact_uri.startswith("mlflow-artifacts:"), run.info.artifact_uri

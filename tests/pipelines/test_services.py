@@ -44,7 +44,10 @@ def test_airflow_components_share_one_configuration(config: StackConfig) -> None
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
     assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == config.secrets["jwt_secret"]
-    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"] == stack_config.FAB_AUTH_MANAGER
+    # The tasks sign in to MLflow as the service account, with its generated password.
+    assert env["MLFLOW_TRACKING_USERNAME"] == stack_config.MLFLOW_SERVICE_USER
+    assert env["MLFLOW_TRACKING_PASSWORD"] == config.secrets["mlflow_service_password"]
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:")
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("@127.0.0.1:15432/airflow")
     assert 2 <= int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
@@ -63,6 +66,24 @@ def test_mlflow_uses_its_own_database_and_serves_artifacts(config: StackConfig) 
     assert env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     assert env["MLFLOW_SERVER_ALLOWED_HOSTS"] == "127.0.0.1:15000,localhost:15000"
     assert "--serve-artifacts" in stack_config.command(MLFLOW, config)
+
+
+def test_mlflow_requires_login_with_its_user_store_beside_the_tracking_data(
+    config: StackConfig,
+) -> None:
+    from stratoflow.services.mlflow_auth import auth_config
+
+    command = stack_config.command(MLFLOW, config)
+    assert command[command.index("--app-name") + 1] == "basic-auth"
+    env = stack_config.environment(MLFLOW, config)
+    password = config.secrets["postgres_mlflow_password"]
+    store = f"postgresql+psycopg2://mlflow:{password}@127.0.0.1:15432/mlflow_auth"
+    assert env["MLFLOW_AUTH_DATABASE_URI"] == store
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"] == config.secrets["mlflow_admin_password"]
+    ini = auth_config(store)
+    assert "default_permission = READ" in ini and f"database_uri = {store}" in ini
+    # Generated, and different from each other: the tasks' account is not the admin.
+    assert config.secrets["mlflow_service_password"] != config.secrets["mlflow_admin_password"]
 
 
 @pytest.mark.parametrize("component", COMPONENTS)

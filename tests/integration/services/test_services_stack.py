@@ -98,7 +98,7 @@ def test_secrets_are_generated_into_the_state_folder_readable_by_the_owner_only(
     secrets = json.loads((state / "secrets.json").read_text())
     assert len(set(secrets.values())) == len(secrets)  # all different
     assert all(len(value) >= 24 for value in secrets.values())
-    for name in ("secrets.json", "services.json", "airflow/simple_auth_manager_passwords.json"):
+    for name in ("secrets.json", "services.json", "mlflow_auth.ini"):
         assert (state / name).stat().st_mode & 0o077 == 0, name
 
 
