@@ -43,9 +43,9 @@ def main(mode: str, *args: str) -> None:
 
     configure_host_devices(2 if mode == "mirrored" else 1)
     if mode == "streaming":
-        results = _streaming(int(args[0]))
-        results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        sys.stdout.write(json.dumps(results) + "\n")
+        streaming = _streaming(int(args[0]))
+        streaming["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        sys.stdout.write(json.dumps(streaming) + "\n")
         return
     from stratoflow.config.spec import load_spec
     from stratoflow.data.datasets import prepare_dataset
@@ -172,9 +172,8 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     for name, batches in (("streamed", streamed(1)), ("synthetic", synthetic)):
         with one_device.scope():
             model, optimizer = _new_model(spec, dataset)
-        loops[name] = _CustomLoopEpoch(
-            one_device, model, optimizer, STREAM_BATCH, lambda epoch, b=batches: b, steps
-        )
+        # Its traced steps only (`run_steps`), on one iterator that runs through the whole pass.
+        loops[name] = _CustomLoopEpoch(one_device, model, optimizer, STREAM_BATCH, streamed, steps)
         iterators[name] = iter(batches)
     wall: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}
