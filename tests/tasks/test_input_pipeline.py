@@ -131,15 +131,10 @@ def test_a_streamed_split_trains_the_same_under_one_device_and_mirrored(tmp_path
             dataclasses.replace(spec, model=model, training=training), digits, tmp_path / folder
         )
 
-    one_device, mirrored, again = (
-        run("one_device", "a"),
-        run("mirrored", "b"),
-        run("one_device", "c"),
-    )
-    losses = [
-        [entry["loss"] for entry in result.history] for result in (one_device, mirrored, again)
-    ]
+    # (Same seed, same batches: the first test checks it on the input itself.)
+    one_device, mirrored = run("one_device", "a"), run("mirrored", "b")
+    losses = [[entry["loss"] for entry in result.history] for result in (one_device, mirrored)]
     assert losses[0][-1] < losses[0][0] and one_device.history[-1]["val_accuracy"] > 0.8
+    # Mirrored's replicas take consecutive per-replica batches: the same global batches.
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
-    assert losses[2] == losses[0]
     assert Path(mirrored.model_path).is_file()
