@@ -8,6 +8,10 @@ vs an epoch of a bare Keras `fit` on that same tf.data input; that `fit` XLA-com
 matmul probe for the achieved vs peak FLOP/s (MFU).
 `python -m benchmarks.in_process mirrored` (two logical CPUs): the loop under mirrored(2) vs
 under one_device.
+`python -m benchmarks.in_process streaming BUDGET_MIB` (one logical CPU, `$TFDS_DATA_DIR` holding
+`stratoflow_generated/bench`, see benchmarks/generated_data): one pass over a training split
+larger than the cache budget, streamed by the input `train` builds, vs synthetic in-memory
+tensors of the same shape, in turns of `STREAM_WINDOW` steps; and this process's peak RSS.
 
 The variants run in turns, one epoch each per round, so a burst of load from other jobs on the
 machine hits all of them alike; the first round (tracing) is not kept. Ratios are medians of the
@@ -30,10 +34,19 @@ MATMUL_SIZE = 2048
 MATMUL_RUNS = 10
 
 
-def main(mode: str) -> None:
+STREAM_WINDOW = 50  # steps per variant per round of the streaming comparison
+STREAM_BATCH = 64
+
+
+def main(mode: str, *args: str) -> None:
     from stratoflow.training.strategies import configure_host_devices
 
     configure_host_devices(2 if mode == "mirrored" else 1)
+    if mode == "streaming":
+        streaming = _streaming(int(args[0]))
+        streaming["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        sys.stdout.write(json.dumps(streaming) + "\n")
+        return
     from stratoflow.config.spec import load_spec
     from stratoflow.data.datasets import prepare_dataset
 
@@ -114,6 +127,83 @@ def _mirrored(spec: Any, dataset: Any) -> dict[str, Any]:
         "mirrored_vs_one_device": _paired_ratio(wall["one_device"], wall["mirrored"]),
         "cpu_time": {"mirrored_vs_one_device": _paired_ratio(cpu["one_device"], cpu["mirrored"])},
         "seconds": timings,
+    }
+
+
+def _streaming(budget_mib: int) -> dict[str, Any]:
+    """Streamed input vs synthetic tensors, in turns of `STREAM_WINDOW` steps, over one pass."""
+    import dataclasses
+
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks.generated_data import NAME
+    from stratoflow.config import settings
+    from stratoflow.config.spec import DatasetSpec, load_spec
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.trainer import _CustomLoopEpoch, make_epoch_batches
+
+    dataset = prepare_dataset(DatasetSpec(NAME, "1.0.0", "bench"), settings.data_dir())
+    base = load_spec("mnist")  # its model (small_cnn), its seed and learning rate
+    spec = dataclasses.replace(
+        base, training=dataclasses.replace(base.training, batch_size=STREAM_BATCH)
+    )
+    streamed = make_epoch_batches(
+        dataset, STREAM_BATCH, spec.training.seed, cache_budget_mb=budget_mib
+    )
+    plan = streamed.plan
+    # Synthetic: 64 batches of noise of the same shape, repeated (12 KiB x 4,096 in memory).
+    rng = np.random.default_rng(0)
+    shape = tuple(dataset.image_shape)
+    synthetic = (
+        tf.data.Dataset.from_tensor_slices(
+            (
+                rng.uniform(0, 1, (64 * STREAM_BATCH, *shape)).astype(np.float32),
+                rng.integers(0, dataset.num_classes, 64 * STREAM_BATCH),
+            )
+        )
+        .batch(STREAM_BATCH, drop_remainder=True)
+        .cache()
+        .repeat()
+    )
+    one_device = tf.distribute.OneDeviceStrategy("/cpu:0")
+    steps = plan.examples // STREAM_BATCH
+    loops, iterators = {}, {}
+    for name, batches in (("streamed", streamed(1)), ("synthetic", synthetic)):
+        with one_device.scope():
+            model, optimizer = _new_model(spec, dataset)
+        # Its traced steps only (`run_steps`), on one iterator that runs through the whole pass.
+        loops[name] = _CustomLoopEpoch(one_device, model, optimizer, STREAM_BATCH, streamed, steps)
+        iterators[name] = iter(batches)
+    wall: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
+    rounds = steps // STREAM_WINDOW
+    for round_index in range(rounds):
+        for name, loop in loops.items():
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            total, _ = loop.run_steps(
+                iterators[name], tf.constant(STREAM_WINDOW), tf.constant(0.0), tf.constant(0.0)
+            )
+            total.numpy()
+            if round_index:  # the first round traces and fills the shuffle buffer
+                wall[name].append(time.perf_counter() - wall_start)
+                cpu[name].append(time.process_time() - cpu_start)
+    window = STREAM_WINDOW * STREAM_BATCH
+    return {
+        "mode": "streaming",
+        "budget_mib": budget_mib,
+        "cached": plan.cached,
+        "train_examples": plan.examples,
+        "example_bytes": plan.example_bytes,
+        "decoded_mib": plan.estimated_bytes / 2**20,
+        "files": plan.files,
+        "shuffle_buffer": streamed.shuffle_buffer,
+        "rounds": rounds - 1,
+        "examples_streamed": rounds * window,
+        "streamed_examples_per_second": _rate(window, wall["streamed"]),
+        "synthetic_examples_per_second": _rate(window, wall["synthetic"]),
+        "streamed_vs_synthetic": _paired_ratio(wall["synthetic"], wall["streamed"]),
+        "cpu_time": {"streamed_vs_synthetic": _paired_ratio(cpu["synthetic"], cpu["streamed"])},
     }
 
 
@@ -261,4 +351,4 @@ def _matmul(epoch: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

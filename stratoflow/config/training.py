@@ -35,6 +35,9 @@ NOT_FINITE: dict[str, Any] = {
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
+# The default of `TrainingConfig.cache_budget_mb`: decoded examples held in memory, in MiB.
+DEFAULT_CACHE_BUDGET_MB = 512
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -140,6 +143,18 @@ class TrainingConfig:
         help="Seeds weights, shuffling and dropout: same seed, same result.",
         minimum=0,
         maximum=2**31 - 1,
+    )
+    # A run setting, not a dataset one: how much memory a split may take is a property of the
+    # host the training process runs on (raise it per run on a bigger worker), not of the data.
+    cache_budget_mb: int = _setting(
+        DEFAULT_CACHE_BUDGET_MB,
+        title="In-memory cache budget (MiB)",
+        help="The training process keeps a split's decoded examples in memory when they fit in "
+        "this many MiB (the training split first, then validation with what is left); a larger "
+        "split is streamed from the prepared files with a bounded shuffle buffer. 0: always "
+        "stream.",
+        minimum=0,
+        maximum=1_048_576,
     )
     promote: bool = _setting(
         True,

@@ -176,12 +176,22 @@ def prepare_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> DatasetR
     return ref
 
 
-def load_split(ref: DatasetRef | Mapping[str, Any], role: str) -> tf.data.Dataset:
+def load_split(
+    ref: DatasetRef | Mapping[str, Any],
+    role: str,
+    *,
+    read_config: Any = None,
+    shuffle_files: bool = False,
+) -> tf.data.Dataset:
     """Read one role of a prepared dataset as `(image, label)` pairs, in a fixed order.
 
     Args:
         ref: the `DatasetRef` (or its dict) returned by `prepare_dataset`.
         role: "train", "validation" or "test" (any role in `ref.splits`).
+        read_config: a `tfds.ReadConfig` for reading the files otherwise (interleaved,
+            sharded by file, ...: `stratoflow.data.input_pipeline` streams with it); None:
+            one file after the other.
+        shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
 
     Returns:
         An unbatched, unshuffled `tf.data.Dataset` of `(float32 image in [0, 1] with shape
@@ -204,13 +214,15 @@ def load_split(ref: DatasetRef | Mapping[str, Any], role: str) -> tf.data.Datase
             f"dataset {_label(ref.name, ref.config, ref.version)} is no longer prepared in "
             f"{ref.data_dir}; run prepare_dataset again"
         )
-    options = tf.data.Options()
-    options.deterministic = True
+    if read_config is None:
+        options = tf.data.Options()
+        options.deterministic = True
+        read_config = tfds.ReadConfig(options=options, interleave_cycle_length=1)
     dataset = builder.as_dataset(
         split=ref.splits[role],
         as_supervised=True,
-        shuffle_files=False,
-        read_config=tfds.ReadConfig(options=options, interleave_cycle_length=1),
+        shuffle_files=shuffle_files,
+        read_config=read_config,
     )
     shape = list(ref.image_shape)
 

@@ -1,9 +1,10 @@
 """Training under a `tf.distribute` strategy: the custom loop (default) and Keras `fit`.
 
 Both loops see the same data in the same order (the training split is reshuffled each epoch with
-`seed + epoch`), checkpoint after every epoch with `tf.train.CheckpointManager`, and resume at
-the first epoch not yet saved. What happens at the end of an epoch beyond the checkpoint (e.g.
-logging to MLflow) is the caller's `on_epoch_end`, so this module knows nothing of MLflow.
+`seed + epoch`; cached in memory or streamed from its files: `stratoflow.data.input_pipeline`),
+checkpoint after every epoch with `tf.train.CheckpointManager`, and resume at the first epoch not
+yet saved. What happens at the end of an epoch beyond the checkpoint (e.g. logging to MLflow) is
+the caller's `on_epoch_end`, so this module knows nothing of MLflow.
 
 Run it in the process that owns TensorFlow's devices: `stratoflow.training.worker` is that process.
 """
@@ -26,7 +27,9 @@ from typing import Any
 import tensorflow as tf
 
 from stratoflow.config.spec import PipelineSpec
-from stratoflow.data.datasets import DatasetRef, load_split
+from stratoflow.config.training import DEFAULT_CACHE_BUDGET_MB
+from stratoflow.data.datasets import DatasetRef
+from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batches
 from stratoflow.distributed.cluster import workers_in_cluster
 from stratoflow.distributed.launcher import READY_MARKER
 from stratoflow.training.models import build_model
@@ -154,13 +157,20 @@ def train(
                 f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
                 "training examples"
             )
-        validation = load_split(dataset, "validation").cache().batch(EVAL_BATCH_SIZE)
+        remote = training.strategy == "parameter_server"
         epoch_batches = make_epoch_batches(
             dataset,
             training.batch_size,
             training.seed,
-            remote=training.strategy == "parameter_server",
+            remote=remote,
+            cache_budget_mb=training.cache_budget_mb,
         )
+        # One budget for the process: validation gets what a cached training split left.
+        train_plan = epoch_batches.plan
+        left = training.cache_budget_mb * MIB
+        if train_plan.cached and not remote:
+            left -= train_plan.estimated_bytes
+        validation, _ = validation_batches(dataset, EVAL_BATCH_SIZE, left)
 
         run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
         if training.loop == "fit":
@@ -229,43 +239,27 @@ def train(
 
 
 def make_epoch_batches(
-    dataset: DatasetRef, batch_size: int, seed: int, remote: bool = False
-) -> Callable[[int], tf.data.Dataset]:
-    """The training input: epoch → that epoch's batches (the split reshuffled with `seed + epoch`).
+    dataset: DatasetRef,
+    batch_size: int,
+    seed: int,
+    remote: bool = False,
+    *,
+    cache_budget_mb: int = DEFAULT_CACHE_BUDGET_MB,
+) -> TrainingInput:
+    """The training input: epoch → that epoch's batches (shuffled with `seed + epoch`).
+
+    The split is cached in memory and fully reshuffled each epoch when its decoded examples fit
+    `cache_budget_mb`, else streamed from the prepared files through a bounded shuffle buffer
+    (`stratoflow.data.input_pipeline`).
 
     Args:
         dataset: the prepared dataset.
         batch_size: the global batch; a partial last batch is dropped.
         seed: the run's seed.
         remote: parameter-server input, built by each worker itself.
+        cache_budget_mb: the memory the training split may take when cached, in MiB.
     """
-    train_examples = load_split(dataset, "train").cache()
-    size = dataset.split_sizes["train"]
-    shard_by_data = tf.data.Options()
-    # Explicit: AUTO falls back silently, OFF duplicates examples across workers
-    # (docs/BENCHMARKS.md, "Facts").
-    shard_by_data.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
-
-    def epoch_batches(epoch: int) -> tf.data.Dataset:
-        # A parameter-server worker builds its input itself: a dataset made here cannot be
-        # shipped to it ("Unable to parse tensor proto").
-        examples = load_split(dataset, "train").cache() if remote else train_examples
-        epoch_seed: Any = seed + epoch
-        if remote:
-            # Every PS worker runs this same function with no worker index, so a fixed seed
-            # would give them identical batch orders (each batch trained twice, half the split
-            # never): draw each worker's order from its own clock instead.
-            epoch_seed = tf.cast(tf.timestamp() * 1e6, tf.int64) % (2**31 - 1)
-        return (
-            examples.shuffle(size, seed=epoch_seed, reshuffle_each_iteration=False)
-            .batch(batch_size, drop_remainder=True)  # a partial batch crashes MKL pooling
-            .with_options(shard_by_data)
-            .prefetch(tf.data.AUTOTUNE)
-        )
-
-    return epoch_batches
+    return TrainingInput(dataset, batch_size, seed, cache_budget_mb * MIB, remote=remote)
 
 
 def _announce_ready() -> None:
@@ -374,9 +368,13 @@ class _CustomLoopEpoch:
         self.step_losses: list[float] = []
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
-        batches = self.epoch_batches(epoch)
-        if self.distribute_input:
-            batches = self.strategy.experimental_distribute_dataset(batches)
+        if not self.distribute_input:
+            batches = self.epoch_batches(epoch)
+        elif isinstance(self.epoch_batches, TrainingInput):
+            # A streamed split is sharded by file across workers where it can be.
+            batches = self.epoch_batches.distribute(self.strategy, epoch)
+        else:
+            batches = self.strategy.experimental_distribute_dataset(self.epoch_batches(epoch))
         iterator = iter(batches)
         # Sums stay tensors: reading a value each step would stall the host on every step.
         total_loss, total_correct = self.run_steps(

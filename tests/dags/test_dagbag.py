@@ -200,6 +200,7 @@ def test_params_offer_every_training_setting_with_choices(
         "batch_size",
         "learning_rate",
         "seed",
+        "cache_budget_mb",
         "promote",
     ]
     for key, param in params.items():
@@ -215,6 +216,7 @@ def test_params_offer_every_training_setting_with_choices(
     assert params["workers"]["schema"]["enum"] == list(WORKER_CHOICES)
     assert params["ps"]["schema"]["enum"] == list(PS_CHOICES)
     assert params["epochs"]["schema"]["minimum"] == 1
+    assert params["cache_budget_mb"]["schema"]["minimum"] == 0
     assert params["promote"]["schema"]["type"] == "boolean"
     # What the DAG carries is exactly what `stratoflow.config.params` declares.
     expected = dag_params(spec)

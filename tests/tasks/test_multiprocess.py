@@ -41,7 +41,9 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
     from tasks import evaluate, prepare, train
 
     run = new_run("digits")
-    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4}
+    # Streamed (cache budget 0): the workers read the files themselves, each epoch. The cached
+    # input under these strategies is what the fault tests below and test_equivalence.py train on.
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4, "cache_budget_mb": 0}
     prepared = prepare.prepare("digits", params, run)
     trained = train.train(run, prepared)
     evaluated = evaluate.evaluate(run, prepared, trained)
