@@ -18,7 +18,7 @@ from stratoflow.training.validation import check_model, load_pipeline, resolve_r
 
 
 def _mnist_data() -> dict[str, Any]:
-    return yaml.safe_load((SPECS_DIR / "mnist.yaml").read_text())
+    return yaml.safe_load((SPECS_DIR / "mnist" / "pipeline.yaml").read_text())
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -77,8 +77,8 @@ def test_unknown_pipeline_lists_the_available_ones() -> None:
         ("training.replicas", 3, r"training\.replicas 3 is not allowed; allowed: 1, 2, 4, 8"),
         ("training.epochs", 0, r"training\.epochs must be >= 1"),
         ("training.learning_rate", 0, r"training\.learning_rate must be within \(0, 1\]"),
-        ("evaluation.min_accuracy", 1.5, r"evaluation\.min_accuracy must be within \[0, 1\]"),
-        ("evaluation.min_accuracy", float("nan"), r"evaluation\.min_accuracy: expected a finite"),
+        ("evaluation.min", 1.5, r"evaluation\.min must be within \[0, 1\]"),
+        ("evaluation.min", float("nan"), r"evaluation\.min: expected a finite"),
         ("evaluation.max_regression", float("inf"), r"max_regression: expected a finite number"),
         ("dataset.splits", {"train": "train"}, r"dataset\.splits lacks test, validation"),
     ],

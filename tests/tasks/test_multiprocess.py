@@ -51,7 +51,7 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # logged by the chief only, once
     values = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert values[-1] < values[0]
-    assert evaluated.test_accuracy > 0.85
+    assert evaluated.test_metrics["test_accuracy"] > 0.85
     assert cluster_children() == []
     # The chief describes the cluster it trained in: its jobs, their addresses, its own task.
     environment = mlflow_runs.client().download_artifacts(
