@@ -30,7 +30,8 @@ def pipeline_package(folder: str | Path) -> str:
     if package is None or list(getattr(package, "__path__", [])) != [str(path)]:
         package = types.ModuleType(name, f"the modules of pipeline folder {path}")
         package.__path__ = [str(path)]
-        package.__file__ = None
+        # Where the package lives: TFDS locates a builder's code (checksums) through it.
+        package.__file__ = str(path / "__init__.py")
         sys.modules[name] = package
     return name
 

@@ -650,7 +650,8 @@ def _describe_features(feature: Any, key: str, label: str) -> Features:
                     f"with shape {tuple(column.shape)}; a tabular column must be a scalar "
                     "number or a ClassLabel"
                 )
-        return Features(TABULAR, columns=tuple(columns))
+        # Sorted by name: TFDS does not keep a FeaturesDict's order across processes.
+        return Features(TABULAR, columns=tuple(sorted(columns, key=lambda c: c.name)))
     shape = tuple(getattr(feature, "shape", ()) or ())
     if not shape or any(dim is None for dim in shape) or len(shape) != 3:
         raise DatasetMismatchError(

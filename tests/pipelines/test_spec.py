@@ -32,8 +32,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def test_the_shipped_pipelines_are_mnist_and_digits() -> None:
-    assert list_pipelines() == ["digits", "mnist"]
+def test_the_shipped_pipelines() -> None:
+    assert list_pipelines() == ["diabetes", "digits", "mnist", "penguins"]
 
 
 @pytest.mark.parametrize("name", ["mnist", "digits"])
@@ -58,7 +58,8 @@ def test_spec_values_are_read_from_the_file() -> None:
 
 
 def test_unknown_pipeline_lists_the_available_ones() -> None:
-    with pytest.raises(SpecError, match=r"unknown pipeline 'nope'; available: digits, mnist"):
+    listed = r"unknown pipeline 'nope'; available: diabetes, digits, mnist, penguins"
+    with pytest.raises(SpecError, match=listed):
         load_spec("nope")
 
 
