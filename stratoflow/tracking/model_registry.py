@@ -129,8 +129,12 @@ def _keras_flavor(config: dict[str, Any]) -> Any:
 
     def save_model(path: str, **kwargs: Any) -> None:
         os.makedirs(path, exist_ok=True)
+        # The keras flavor accepts only tensor signatures; a tabular model's is a table of
+        # columns (what its served `predict` takes), so it is set after the keras save.
+        signature = kwargs.pop("signature", None)
         mlflow.keras.save_model(path=path, **kwargs)
         mlflow_model = kwargs["mlflow_model"]
+        mlflow_model.signature = signature
         pyfunc = mlflow_model.flavors["python_function"]
         # The loader gets the keras flavor's data folder (the `.keras` file) as its path.
         pyfunc["data"] = mlflow_model.flavors["keras"]["data"]

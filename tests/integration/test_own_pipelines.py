@@ -145,7 +145,7 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
     assert str(own_pipelines / "shapes" / "images") in dataset_input.dataset.source
     version = run.data.tags[names.VERSION_TAG]
     champion = mlflow_client.get_model_version_by_alias("test-shapes-bars", "champion")
-    assert champion.version == version
+    assert str(champion.version) == version
 
     # The served champion answers with class probabilities and the class, on the same images
     # the pipeline reads (preprocessing included: the model was trained on centred pixels).
@@ -186,7 +186,7 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert names.RESIDUALS_ARTIFACT in artifacts
     assert names.CONFUSION_MATRIX_ARTIFACT not in artifacts
     champion = mlflow_client.get_model_version_by_alias("stratoflow-diabetes", "champion")
-    assert champion.version == run.data.tags[names.VERSION_TAG]
+    assert str(champion.version) == run.data.tags[names.VERSION_TAG]
 
     spec = resolve_run("diabetes", {})
     reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
