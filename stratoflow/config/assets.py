@@ -46,9 +46,11 @@ def datasets_in_use() -> dict[str, list[tuple[DatasetSpec, str]]]:
     """
     used: dict[str, list[tuple[DatasetSpec, str]]] = {}
     for spec in _loadable_specs():
-        entry = (spec.dataset, spec.folder if _needs_folder(spec.dataset) else "")
-        if entry not in used.setdefault(spec.dataset.name, []):
-            used[spec.dataset.name].append(entry)
+        entries = used.setdefault(spec.dataset.name, [])
+        # One folder per dataset spec: two copies of one builder (a pipeline copied with
+        # `stratoflow new-pipeline --from`) prepare the same data, and TFDS registers a name once.
+        if all(known != spec.dataset for known, _ in entries):
+            entries.append((spec.dataset, spec.folder if _needs_folder(spec.dataset) else ""))
     return used
 
 

@@ -28,6 +28,9 @@ def pipeline_package(folder: str | Path) -> str:
     name = PACKAGE_PREFIX + path.name
     package = sys.modules.get(name)
     if package is None or list(getattr(package, "__path__", [])) != [str(path)]:
+        # Another folder of the same name was loaded before: forget its modules.
+        for loaded in [key for key in sys.modules if key.startswith(f"{name}.")]:
+            del sys.modules[loaded]
         package = types.ModuleType(name, f"the modules of pipeline folder {path}")
         package.__path__ = [str(path)]
         # Where the package lives: TFDS locates a builder's code (checksums) through it.

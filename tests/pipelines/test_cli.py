@@ -229,3 +229,43 @@ def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
 ) -> None:
     assert main.main(["compare", "digits", "--run", "0" * 32]) == 1
     assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text
+
+
+# --- stratoflow new-pipeline -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", ["starter", "penguins"])
+def test_new_pipeline_writes_a_folder_that_loads_and_trains_its_model(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    example: str,
+) -> None:
+    from stratoflow.config.spec import list_pipelines
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.validation import check_pipeline_code, resolve_run
+
+    assert main.main(["new-pipeline", "mine", "--from", example, "--dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"export STRATOFLOW_PIPELINES_PATH={tmp_path}" in printed
+    assert "stratoflow run mine" in printed
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
+    assert "mine" in list_pipelines()
+    spec = resolve_run("mine", {})
+    assert spec.registered_model == "mine"
+    assert spec.folder == str(tmp_path / "mine")
+    # Its own code imports, builds a model that takes the data, and fits the target.
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    check_pipeline_code(spec, reference)
+    # Written once: a second time is refused.
+    assert main.main(["new-pipeline", "mine", "--dir", str(tmp_path)]) == 1
+    assert "exists already; choose another name or --dir" in caplog.text
+
+
+def test_new_pipeline_refuses_a_name_that_cannot_be_a_pipeline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main.main(["new-pipeline", "my-model", "--dir", str(tmp_path)]) == 1
+    assert "pipeline name 'my-model' is not valid" in caplog.text
+    assert list(tmp_path.iterdir()) == []
