@@ -205,16 +205,15 @@ def prepare_dataset(
             _image_folder_builder(images, spec.image_shape or []), spec, root, False, task, images
         )
     else:
-        if spec.builder is not None:
-            _import_builder(spec, folder)
-        builder = _make_builder(spec.name, spec.config, spec.version, root)
+        own = _import_builder(spec, folder) if spec.builder is not None else None
+        builder = _make_builder(spec.name, spec.config, spec.version, root, own)
         built = False
         if builder.is_prepared():
             logger.info("dataset %s is already prepared in %s", label, root)
         else:
             with _exclusive_lock(root / f".{spec.name}.prepare.lock", label):
                 # Another process may have built it while we waited for the lock.
-                builder = _make_builder(spec.name, spec.config, spec.version, root)
+                builder = _make_builder(spec.name, spec.config, spec.version, root, own)
                 if builder.is_prepared():
                     logger.info("dataset %s was prepared by another process meanwhile", label)
                 else:
@@ -369,13 +368,21 @@ def _image_folder_builder(images: Path, shape: list[int]) -> Any:
     return tfds.folder_dataset.ImageFolder(os.fspath(images), shape=(None, None, shape[2]))
 
 
-def _import_builder(spec: DatasetSpec, folder: str | Path | None) -> None:
-    """Import the pipeline's own TFDS builder (defining the class registers it with TFDS)."""
+def _import_builder(spec: DatasetSpec, folder: str | Path | None) -> type:
+    """Import the pipeline's own TFDS builder class (defining it registers it with TFDS).
+
+    TFDS refuses a second class of a name it knows (`already registered`): a copy of a pipeline,
+    or the same module imported again from another folder. Such a class is imported without
+    registering and used directly; the data it prepares goes to the same `<data_dir>/<name>`.
+    """
     import tensorflow_datasets as tfds
 
     assert spec.builder is not None
     where = f"{os.fspath(Path(folder) / 'pipeline.yaml') if folder else 'pipeline.yaml'}: "
-    builder = plugins.load_object(spec.builder, folder, where + "dataset.builder")
+    known = spec.name in tfds.list_builders(with_community_datasets=False)
+    quietly = tfds.core.registered.skip_registration() if known else contextlib.nullcontext()
+    with quietly:
+        builder = plugins.load_object(spec.builder, folder, where + "dataset.builder")
     if not (isinstance(builder, type) and issubclass(builder, tfds.core.DatasetBuilder)):
         raise SpecError(
             f"{where}dataset.builder {spec.builder!r} is not a TFDS builder class (a subclass "
@@ -387,12 +394,17 @@ def _import_builder(spec: DatasetSpec, folder: str | Path | None) -> None:
             f"{where}dataset.name {spec.name!r} differs from the name of dataset.builder "
             f"{spec.builder!r}, {builder_name!r} (TFDS names a builder after its class)"
         )
+    return builder
 
 
-def _make_builder(name: str, config: str | None, version: str, data_dir: Path) -> Any:
+def _make_builder(
+    name: str, config: str | None, version: str, data_dir: Path, own: type | None = None
+) -> Any:
     import tensorflow_datasets as tfds
 
     try:
+        if own is not None:  # the pipeline's own builder class, whatever TFDS registered
+            return own(config=config, version=version, data_dir=os.fspath(data_dir))
         return tfds.builder(name, config=config, version=version, data_dir=os.fspath(data_dir))
     except tfds.core.registered.DatasetNotFoundError as error:
         hint = re.search(r"Did you mean: .*", str(error))

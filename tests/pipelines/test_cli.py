@@ -235,7 +235,7 @@ def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
 
 
 @pytest.mark.parametrize("example", ["starter", "penguins"])
-def test_new_pipeline_writes_a_folder_that_loads_and_trains_its_model(
+def test_new_pipeline_writes_a_folder_that_loads(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -243,8 +243,7 @@ def test_new_pipeline_writes_a_folder_that_loads_and_trains_its_model(
     example: str,
 ) -> None:
     from stratoflow.config.spec import list_pipelines
-    from stratoflow.data.datasets import prepare_dataset
-    from stratoflow.training.validation import check_pipeline_code, resolve_run
+    from stratoflow.training.validation import resolve_run
 
     assert main.main(["new-pipeline", "mine", "--from", example, "--dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -255,9 +254,7 @@ def test_new_pipeline_writes_a_folder_that_loads_and_trains_its_model(
     spec = resolve_run("mine", {})
     assert spec.registered_model == "mine"
     assert spec.folder == str(tmp_path / "mine")
-    # Its own code imports, builds a model that takes the data, and fits the target.
-    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
-    check_pipeline_code(spec, reference)
+    # Its own code and data are checked in tests/tasks/test_own_code.py (TensorFlow).
     # Written once: a second time is refused.
     assert main.main(["new-pipeline", "mine", "--dir", str(tmp_path)]) == 1
     assert "exists already; choose another name or --dir" in caplog.text

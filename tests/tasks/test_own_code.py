@@ -176,6 +176,22 @@ def test_a_gate_metric_the_task_does_not_produce_is_refused_at_parse_time() -> N
     assert (gate.metric, gate.min, gate.higher_is_better) == ("test_accuracy", 0.9, True)
 
 
+@pytest.mark.parametrize("example", ["starter", "penguins", "diabetes"])
+def test_a_new_pipeline_passes_the_checks_of_its_own_code(
+    pipelines_path: Path, tf_runtime, example: str
+) -> None:
+    from stratoflow.cli import main
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.validation import check_pipeline_code, resolve_run
+
+    assert main.main(["new-pipeline", "mine", "--from", example]) == 0  # into the path's entry
+    spec = resolve_run("mine", {})
+    assert spec.folder == str(pipelines_path / "mine")
+    # Its own code imports, builds a model that takes the data, and fits the target.
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    check_pipeline_code(spec, reference)
+
+
 # --- the bundled tabular pipelines under the single-process strategies ------------------------
 
 
