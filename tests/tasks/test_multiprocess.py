@@ -76,6 +76,36 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
         ]
 
 
+# The tabular pipelines' data and models (dicts of columns, a regression target) under the
+# cluster strategies; one pipeline each keeps the suite short: the other pairs share the code.
+@pytest.mark.parametrize(
+    ("pipeline", "strategy"),
+    [("penguins", "parameter_server"), ("diabetes", "multi_worker_mirrored")],
+)
+def test_tabular_pipelines_train_under_the_cluster_strategies(
+    tf_runtime, private_tmpdir, pipeline, strategy
+):
+    from stratoflow.tracking import mlflow_runs
+    from tasks import evaluate, prepare, train
+
+    run = new_run(pipeline)
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 20}
+    prepared = prepare.prepare(pipeline, params, run)
+    trained = train.train(run, prepared)
+    evaluated = evaluate.evaluate(run, prepared, trained)
+
+    metric = "val_accuracy" if pipeline == "penguins" else "val_mae"
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, metric)
+    assert sorted(m.step for m in history) == list(range(1, 21))
+    if pipeline == "penguins":
+        assert evaluated.test_metrics["test_accuracy"] >= 0.9
+    else:
+        assert evaluated.test_metrics["test_mae"] <= 50.0
+    assert evaluated.gate.passed, evaluated.gate.reasons
+    assert cluster_children() == []
+
+
+
 @pytest.mark.parametrize(
     ("strategy", "victim"),
     [("multi_worker_mirrored", "worker 1"), ("parameter_server", "ps 0")],
