@@ -27,9 +27,9 @@ def dataset_asset(dataset: str) -> Any:
     )
 
 
-def _loadable_specs() -> list[PipelineSpec]:
-    # A pipeline whose spec does not load has no DAG of its own either: the retrain DAG file
-    # reports it as its import error (`dags/factory.py`), so it reads no dataset here.
+def loadable_specs() -> list[PipelineSpec]:
+    """The specs of the pipelines that load (those that do not have no DAGs either: the DAG
+    files report them as their import errors, `dags/factory.py`)."""
     specs = []
     for pipeline in list_pipelines():
         try:
@@ -45,7 +45,7 @@ def datasets_in_use() -> dict[str, list[tuple[DatasetSpec, str]]]:
     The folder is where a pipeline's own dataset code (`dataset.builder`) or image folder is.
     """
     used: dict[str, list[tuple[DatasetSpec, str]]] = {}
-    for spec in _loadable_specs():
+    for spec in loadable_specs():
         entries = used.setdefault(spec.dataset.name, [])
         # One folder per dataset spec: two copies of one builder (a pipeline copied with
         # `stratoflow new-pipeline --from`) prepare the same data, and TFDS registers a name once.
@@ -56,7 +56,7 @@ def datasets_in_use() -> dict[str, list[tuple[DatasetSpec, str]]]:
 
 def pipelines_reading(dataset: str) -> list[str]:
     """The pipelines whose spec reads TFDS dataset `dataset`."""
-    return [spec.name for spec in _loadable_specs() if spec.dataset.name == dataset]
+    return [spec.name for spec in loadable_specs() if spec.dataset.name == dataset]
 
 
 def _needs_folder(dataset: DatasetSpec) -> bool:
