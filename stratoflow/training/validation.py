@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
 from stratoflow.config.training import check_training, resolve_training
-from stratoflow.training.models import MODEL_BUILDERS, has_random_layers
+from stratoflow.training.models import MODEL_BUILDERS, check_hyperparameters, has_random_layers
 
 if TYPE_CHECKING:
     from stratoflow.data.datasets import DatasetRef
@@ -69,6 +69,13 @@ def check_model(spec: PipelineSpec, where: str = "training") -> None:
         raise SpecError(
             f"{where.rsplit(':', 1)[0]}: model.builder {builder!r} is not a known model builder; "
             f"allowed: {', '.join(sorted(MODEL_BUILDERS))}, or an import path 'module:function'"
+        )
+    if ":" not in builder:  # a bundled builder's signature needs no import of the pipeline's code
+        check_hyperparameters(
+            MODEL_BUILDERS[builder],
+            spec.model.hyperparameters,
+            builder,
+            where.rsplit(":", 1)[0] + ": model",
         )
     if spec.training.strategy == "central_storage" and has_random_layers(
         builder, spec.model.hyperparameters

@@ -200,3 +200,15 @@ def test_dag_params_cover_every_training_setting(name: str) -> None:
     assert params["strategy"]["enum"] == list(STRATEGIES)
     assert params["loop"]["enum"] == list(LOOPS)
     assert params["replicas"]["enum"] == list(REPLICA_CHOICES)
+
+
+def test_a_bundled_builders_unknown_hyperparameter_is_refused_with_the_dag() -> None:
+    spec = parse_spec(
+        "mnist", _with("model.hyperparameters.filter", [8]), source="/p/pipeline.yaml"
+    )
+    with pytest.raises(
+        SpecError,
+        match=r"^/p/pipeline\.yaml: model\.hyperparameters: 'filter' is not a hyperparameter of "
+        r"'small_cnn'; allowed: filters, dense_units, dropout$",
+    ):
+        check_model(spec, "/p/pipeline.yaml: training")
