@@ -199,3 +199,48 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert list(answer.columns) == ["prediction"]
     mae = float(np.abs(answer["prediction"].to_numpy() - targets).mean())
     assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+
+def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(
+    tmp_path: Path,
+):
+    """What the Airflow UI shows: Airflow's own parse (`airflow dags reserialize`) records the
+    broken pipeline as the DAG files' import errors, and every other pipeline as a DAG."""
+    import subprocess
+    import sys
+
+    from stratoflow.services import airflow_setup
+
+    broken = tmp_path / "team" / "broken"
+    broken.mkdir(parents=True)
+    spec = (settings.PROJECT_ROOT / "pipelines" / "digits" / "pipeline.yaml").read_text()
+    (broken / "pipeline.yaml").write_text(spec.replace("builder: mlp", "builder: resnet"))
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = {
+        **airflow_setup.airflow_env(home),
+        "STRATOFLOW_PIPELINES_PATH": str(tmp_path / "team"),
+    }
+    airflow = str(Path(sys.executable).parent / "airflow")
+
+    def airflow_cli(*args: str) -> str:
+        done = subprocess.run(
+            [airflow, *args], env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: import errors were listed
+        return done.stdout
+
+    airflow_cli("db", "migrate")
+    airflow_cli("dags", "reserialize")
+    errors = airflow_cli("dags", "list-import-errors", "-o", "plain")
+    expected = (
+        f"- pipeline 'broken': {broken / 'pipeline.yaml'}: model.builder 'resnet' is not a known "
+        "model builder; allowed: mlp, small_cnn, or an import path 'module:function'"
+    )
+    for dag_file in ("retrain.py", "benchmark_strategies.py"):
+        assert dag_file in errors
+    assert errors.count(expected) == 2, errors
+    listed = airflow_cli("dags", "list", "-o", "plain")
+    for pipeline in ("mnist", "digits", "penguins", "diabetes"):
+        assert names.retrain_dag_id(pipeline) in listed, listed
+    assert "retrain_broken" not in listed
