@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from dags.refusals import no_retry_on_refusal
 from stratoflow.config import names
-from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.spec import PipelineSpec, list_pipelines, pipeline_problems
 
 if TYPE_CHECKING:
     from tasks.run_context import AirflowRun
@@ -136,8 +136,6 @@ def publish_pipelines(
         The errors, one per pipeline (or path entry) that did not load; also published as the
         DAG file's import error (`_BrokenPipelines`).
     """
-    from stratoflow.config.spec import list_pipelines, pipeline_problems
-
     errors = [problem for _, problem in sorted(pipeline_problems().items())]
     for pipeline in list_pipelines():
         try:

@@ -57,8 +57,12 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         mlflow_run_id,
         title=f"{spec.name}: {spec.training.strategy}, {trained.num_replicas} replica(s)",
     )
-    metrics = {k: v for k, v in result.metrics().items() if not k.startswith("test_precision")}
-    metrics = {k: v for k, v in metrics.items() if not k.startswith("test_recall")}
+    # The per-class metrics stay in MLflow; the XCom carries the split's overall ones.
+    metrics = {
+        k: v
+        for k, v in result.metrics().items()
+        if not k.startswith(("test_precision_class_", "test_recall_class_"))
+    }
     gate = spec.evaluation
     decision = evaluation.decide_gate(
         metrics, gate, mlflow_runs.champion(spec.registered_model, gate.metric)
