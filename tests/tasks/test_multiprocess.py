@@ -105,7 +105,6 @@ def test_tabular_pipelines_train_under_the_cluster_strategies(
     assert cluster_children() == []
 
 
-
 @pytest.mark.parametrize(
     ("strategy", "victim"),
     [("multi_worker_mirrored", "worker 1"), ("parameter_server", "ps 0")],
