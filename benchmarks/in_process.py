@@ -272,7 +272,7 @@ def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
 
     tf.keras.utils.set_random_seed(spec.training.seed)
     model = build_model(
-        spec.model.builder, dataset.image_shape, dataset.num_classes, spec.model.hyperparameters
+        spec.model.builder, dataset.features, dataset.target, spec.model.hyperparameters
     )
     optimizer = tf.keras.optimizers.Adam(spec.training.learning_rate)
     optimizer.build(model.trainable_variables)
@@ -284,13 +284,20 @@ def _custom_epoch(
 ) -> Callable[[int], Any]:
     """An epoch of the loop `stratoflow.training.trainer.train` runs (`_CustomLoopEpoch`), on
     `batches`."""
+    from stratoflow.training.objectives import Objective
     from stratoflow.training.trainer import _CustomLoopEpoch  # the very loop stratoflow trains with
 
     with strategy.scope():
         model, optimizer = _new_model(spec, dataset)
     batch = spec.training.batch_size
     run_epoch = _CustomLoopEpoch(
-        strategy, model, optimizer, batch, batches, dataset.split_sizes["train"] // batch
+        strategy,
+        model,
+        optimizer,
+        batch,
+        batches,
+        dataset.split_sizes["train"] // batch,
+        Objective(dataset.target.task),
     )
     return lambda epoch: run_epoch(epoch, lambda: None)
 
@@ -320,7 +327,7 @@ def training_flops_per_example(spec: Any, dataset: Any) -> float:
     from stratoflow.training.models import build_model
 
     model = build_model(
-        spec.model.builder, dataset.image_shape, dataset.num_classes, spec.model.hyperparameters
+        spec.model.builder, dataset.features, dataset.target, spec.model.hyperparameters
     )
     forward = 0.0
     for layer in model.layers:

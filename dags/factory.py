@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from dags.refusals import no_retry_on_refusal
 from stratoflow.config import names
-from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.spec import PipelineSpec, list_pipelines, pipeline_problems
 
 if TYPE_CHECKING:
     from tasks.run_context import AirflowRun
@@ -94,6 +94,60 @@ def publish(namespace: MutableMapping[str, Any], dags: Iterable[DAG]) -> None:
     """Put each DAG in a DAG file's globals under its id, where Airflow's DagBag looks."""
     for dag in dags:
         namespace[dag.dag_id] = dag
+
+
+class PipelineError(Exception):
+    """One or more pipelines could not become DAGs; the message names each file and field."""
+
+
+class _BrokenPipelines(DAG):
+    """Stands in for the pipelines that failed to load: Airflow refuses it, with their errors.
+
+    Airflow 3.3's DAG processor keeps a DAG file's DAGs when one of them fails validation
+    (`DagBag.process_file`: an exception while bagging one DAG becomes the file's import error,
+    the others are still bagged). So each DAG file publishes every pipeline that loads, plus
+    this stand-in whose `validate` raises the load errors: the UI's "Import errors" shows them
+    for the file, and every other pipeline's DAG still parses and runs.
+    """
+
+    def __init__(self, dag_id: str, errors: list[str]):
+        super().__init__(dag_id=dag_id, start_date=START_DATE, schedule=None)
+        self.pipeline_errors = errors
+
+    def validate(self) -> None:
+        raise PipelineError(
+            f"{len(self.pipeline_errors)} pipeline(s) could not be loaded:\n"
+            + "\n".join(f"- {error}" for error in self.pipeline_errors)
+        )
+
+
+def publish_pipelines(
+    namespace: MutableMapping[str, Any], make_dag: Callable[[str], DAG | None], stand_in_id: str
+) -> list[str]:
+    """Publish one DAG per pipeline; a pipeline that fails to load fails alone.
+
+    Args:
+        namespace: the DAG file's globals.
+        make_dag: pipeline name → its DAG (loads and validates the spec), or None for a
+            pipeline this DAG file has no DAG for.
+        stand_in_id: the id of the stand-in DAG reporting the failures (never bagged).
+
+    Returns:
+        The errors, one per pipeline (or path entry) that did not load; also published as the
+        DAG file's import error (`_BrokenPipelines`).
+    """
+    errors = [problem for _, problem in sorted(pipeline_problems().items())]
+    for pipeline in list_pipelines():
+        try:
+            dag = make_dag(pipeline)
+        except Exception as error:  # one pipeline's mistake must not hide the others
+            errors.append(f"pipeline {pipeline!r}: {error}")
+            continue
+        if dag is not None:
+            namespace[dag.dag_id] = dag
+    if errors:
+        namespace[stand_in_id] = _BrokenPipelines(stand_in_id, errors)
+    return errors
 
 
 # Failure callbacks. Airflow 3 calls a task's on_failure_callback only when it has failed for

@@ -26,7 +26,7 @@ from dags import factory
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
-from stratoflow.config.spec import PipelineSpec, list_pipelines
+from stratoflow.config.spec import PipelineSpec
 from stratoflow.training.validation import load_pipeline
 
 
@@ -50,9 +50,17 @@ def _doc_md(spec: PipelineSpec) -> str:
             f"- schedule: `{spec.schedule or 'none'}` (cron, UTC) or an event of the asset "
             f"`{spec.dataset.name}`\n"
             f"- registered model: `{spec.registered_model}`\n"
-            f"- evaluation gate: test accuracy >= {spec.evaluation.min_accuracy}, at most "
-            f"{spec.evaluation.max_regression} below the champion",
+            f"- task: {spec.task}\n"
+            f"- evaluation gate: {_gate_text(spec)}",
         ]
+    )
+
+
+def _gate_text(spec: PipelineSpec) -> str:
+    gate = spec.evaluation
+    better, worse = (">=", "below") if gate.higher_is_better else ("<=", "above")
+    return (
+        f"{gate.metric} {better} {gate.bound}, at most {gate.max_regression} {worse} the champion"
     )
 
 
@@ -138,4 +146,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     return dag
 
 
-factory.publish(globals(), (build_dag(load_pipeline(pipeline)) for pipeline in list_pipelines()))
+# One DAG per pipeline; a pipeline that fails to load shows as this file's import error, alone.
+factory.publish_pipelines(
+    globals(), lambda pipeline: build_dag(load_pipeline(pipeline)), "retrain__broken_pipelines"
+)

@@ -25,14 +25,13 @@ class Evaluation(XComResult):
 
     Attributes:
         mlflow_run_id: the DAG run's MLflow run.
-        test_loss: the loss on the test split.
-        test_accuracy: the accuracy on the test split.
+        test_metrics: the test split's metrics (`test_loss`, and `test_accuracy` or `test_mae`
+            and `test_rmse`; per-class ones stay in MLflow).
         gate: the gate's decision.
     """
 
     mlflow_run_id: str
-    test_loss: float
-    test_accuracy: float
+    test_metrics: dict[str, float]
     gate: GateDecision
 
     PRODUCER = names.EVALUATE_TASK
@@ -58,32 +57,33 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         mlflow_run_id,
         title=f"{spec.name}: {spec.training.strategy}, {trained.num_replicas} replica(s)",
     )
+    # The per-class metrics stay in MLflow; the XCom carries the split's overall ones.
+    metrics = {
+        k: v
+        for k, v in result.metrics().items()
+        if not k.startswith(("test_precision_class_", "test_recall_class_"))
+    }
+    gate = spec.evaluation
     decision = evaluation.decide_gate(
-        result.test_accuracy, spec.evaluation, mlflow_runs.champion(spec.registered_model)
+        metrics, gate, mlflow_runs.champion(spec.registered_model, gate.metric)
     )
     mlflow_runs.set_tags(
         mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
     )
     logger.info(
-        "test_accuracy %.4f, test_loss %.4f; gate %s: %s",
-        result.test_accuracy,
-        result.test_loss,
+        "%s; gate %s: %s",
+        ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
         "passed" if decision.passed else "failed",
         "; ".join(decision.reasons),
     )
-    return Evaluation(
-        mlflow_run_id=mlflow_run_id,
-        test_loss=result.test_loss,
-        test_accuracy=result.test_accuracy,
-        gate=decision,
-    )
+    return Evaluation(mlflow_run_id=mlflow_run_id, test_metrics=metrics, gate=decision)
 
 
 def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, title: str) -> Any:
     """Score the saved model on the test split and log the results to `mlflow_run_id`.
 
-    Logs the test metrics, `evaluation/test_metrics.json`, the per-class table and the confusion
-    matrix figure (titled `title`).
+    Logs the test metrics and `evaluation/test_metrics.json`; for classification the per-class
+    table and the confusion matrix figure, for regression the residual plot (titled `title`).
 
     Returns:
         The `stratoflow.training.evaluation.EvaluationResult`.
@@ -92,9 +92,19 @@ def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, t
     from stratoflow.tracking import mlflow_runs, plots
     from stratoflow.training import evaluation
 
-    images, labels = datasets.load_arrays(dataset, "test")
-    result = evaluation.evaluate_model(model_path, images, labels)
+    features, targets = datasets.load_arrays(dataset, "test")
+    result = evaluation.evaluate_model(model_path, features, targets, dataset.target.task)
     mlflow_runs.log_metrics(mlflow_run_id, result.metrics())
+    if dataset.target.task == "regression":
+        mlflow_runs.client().log_dict(
+            mlflow_run_id, {"metrics": result.metrics()}, names.TEST_METRICS_ARTIFACT
+        )
+        mlflow_runs.log_figure(
+            mlflow_run_id,
+            plots.residuals(result.predictions, result.targets, title=title),
+            names.RESIDUALS_ARTIFACT,
+        )
+        return result
     mlflow_runs.client().log_dict(
         mlflow_run_id,
         {"per_class": result.per_class, "confusion_matrix": result.confusion_matrix},

@@ -59,8 +59,8 @@ def refresh_dataset(dataset: str) -> RefreshedDataset:
             f"no pipeline reads dataset {dataset!r}; datasets in use: {', '.join(sorted(specs))}"
         )
     versions = {}
-    for spec in specs[dataset]:
-        reference = datasets.prepare_dataset(spec)
+    for spec, folder in specs[dataset]:
+        reference = datasets.prepare_dataset(spec, folder=folder or None)
         key = reference.version if spec.config is None else f"{spec.config}:{reference.version}"
         versions[key] = PreparedVersion(
             fingerprint=reference.fingerprint,

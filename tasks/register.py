@@ -42,8 +42,10 @@ def log_and_register(
 
     spec = prepared.run_config
     mlflow_run_id = trained.mlflow_run_id
-    images, _ = datasets.load_arrays(prepared.dataset, "test")
-    model_uri = model_registry.log_model(mlflow_run_id, trained.model_path, images[:2])
+    features, _ = datasets.load_arrays(prepared.dataset, "test")
+    model_uri = model_registry.log_model(
+        mlflow_run_id, trained.model_path, features, prepared.dataset.target
+    )
     promote = bool(spec.training.promote and evaluation.gate.passed)
     result = model_registry.register(
         spec.registered_model,
@@ -54,7 +56,7 @@ def log_and_register(
             names.DAG_ID_TAG: run.dag_id,
             names.RUN_ID_TAG: run.run_id,
             "strategy": spec.training.strategy,
-            "test_accuracy": f"{evaluation.test_accuracy:.4f}",
+            spec.evaluation.metric: f"{evaluation.test_metrics[spec.evaluation.metric]:.4f}",
         },
     )
     mlflow_runs.finish_run(mlflow_run_id)

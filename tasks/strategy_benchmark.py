@@ -230,7 +230,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
             child_run_id,
             title=f"{spec.name} benchmark: {strategy}, {result['num_replicas']} replica(s)",
         )
-        reached = threshold_reached(result["history"], spec.evaluation.min_accuracy)
+        reached = threshold_reached(result["history"], spec.evaluation.bound)
         if reached:
             mlflow_runs.log_metrics(
                 child_run_id,
@@ -292,7 +292,7 @@ def compare(
         "parent_run_id": parent_run_id,
         "epochs": spec.training.epochs,
         "seed": spec.training.seed,
-        "threshold": spec.evaluation.min_accuracy,
+        "threshold": spec.evaluation.bound,
         "tolerance": tolerance,
         "rule": RULE.format(tolerance=f"{tolerance:g}"),
         "strategies": rows,

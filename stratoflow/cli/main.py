@@ -6,6 +6,7 @@
     stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
     stratoflow services up|status|down [--state-dir DIR]
+    stratoflow new-pipeline NAME [--from EXAMPLE] [--dir DIR]
 
 The run flags come from the training settings' metadata (`stratoflow.config.training`), so a
 typo is refused before Airflow starts. Tables and summaries go to stdout; progress and errors are
@@ -19,12 +20,14 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.config import names
+from stratoflow.config import discovery, names, scaffold
 from stratoflow.config.options import STRATEGIES
-from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import list_pipelines, load_spec, pipeline_problems
 from stratoflow.config.training import settings_of
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _benchmark(parser, args)
     if args.command == "services":
         return _services(args)
+    if args.command == "new-pipeline":
+        return _new_pipeline(args)
     return _compare(args)
 
 
@@ -91,6 +96,28 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("list", help="list the pipelines and their schedules")
+
+    new = commands.add_parser(
+        "new-pipeline",
+        help="write a working pipeline folder to start your own from",
+        description="Write DIR/NAME with pipeline.yaml and its own Python: by default a "
+        "starter with its own model and preprocessing on an offline dataset; --from copies a "
+        "bundled pipeline.",
+    )
+    new.add_argument("name", metavar="NAME")
+    new.add_argument(
+        "--from",
+        dest="example",
+        default=scaffold.STARTER,
+        choices=scaffold.examples(),
+        help="the template (default: starter)",
+    )
+    new.add_argument(
+        "--dir",
+        type=Path,
+        help="the folder of pipelines to write into (default: the first STRATOFLOW_PIPELINES_PATH "
+        "entry, else the current folder)",
+    )
 
     serve = commands.add_parser(
         "serve",
@@ -295,10 +322,35 @@ def _services(args: argparse.Namespace) -> int:
     return 0
 
 
+def _new_pipeline(args: argparse.Namespace) -> int:
+    try:
+        folder = scaffold.new_pipeline(args.name, args.example, args.dir)
+    except SpecError as error:
+        log.error("%s", error)
+        return 1
+    root = folder.parent
+    on_path = any(root == entry.resolve() for entry in discovery.pipeline_roots()[1:])
+    sys.stdout.write(f"wrote pipeline {args.name} in {folder}:\n")
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            sys.stdout.write(f"  {path.relative_to(folder)}\n")
+    if not on_path:
+        sys.stdout.write(
+            f"add its folder of pipelines to the path:\n  export "
+            f"{discovery.PIPELINES_PATH_ENV}={root}\n"
+        )
+    sys.stdout.write(f"then retrain it once: stratoflow run {args.name}\n")
+    return 0
+
+
 def _list() -> int:
     rows = []
     for name in list_pipelines():
-        spec = load_spec(name)
+        try:
+            spec = load_spec(name)
+        except SpecError as error:
+            log.error("not loaded: %s", error)
+            continue
         rows.append(
             {
                 "pipeline": name,
@@ -309,6 +361,8 @@ def _list() -> int:
             }
         )
     sys.stdout.write(format_table(rows, list(rows[0]) if rows else []))
+    for name, problem in sorted(pipeline_problems().items()):
+        log.error("not loaded: %s: %s", name, problem)
     return 0
 
 

@@ -126,7 +126,13 @@ def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     """
     from tasks.strategy_benchmark import benchmark_spec
 
-    validate_params(benchmark_params(load_spec(pipeline)), conf)
+    spec = load_spec(pipeline)
+    if spec.task != "classification":
+        raise SpecError(
+            f"pipeline {pipeline!r} is a {spec.task} pipeline: the strategy benchmark compares "
+            "test accuracies, so only classification pipelines have one"
+        )
+    validate_params(benchmark_params(spec), conf)
     benchmark_spec(pipeline, dict(conf))
 
 

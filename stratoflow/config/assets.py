@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from stratoflow.config import names
-from stratoflow.config.spec import DatasetSpec, list_pipelines, load_spec
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import DatasetSpec, PipelineSpec, list_pipelines, load_spec
 
 
 def dataset_asset(dataset: str) -> Any:
@@ -26,16 +27,38 @@ def dataset_asset(dataset: str) -> Any:
     )
 
 
-def datasets_in_use() -> dict[str, list[DatasetSpec]]:
-    """TFDS dataset name -> the distinct dataset specs (versions, configs) the pipelines read."""
-    used: dict[str, list[DatasetSpec]] = {}
+def loadable_specs() -> list[PipelineSpec]:
+    """The specs of the pipelines that load (those that do not have no DAGs either: the DAG
+    files report them as their import errors, `dags/factory.py`)."""
+    specs = []
     for pipeline in list_pipelines():
-        spec = load_spec(pipeline).dataset
-        if spec not in used.setdefault(spec.name, []):
-            used[spec.name].append(spec)
+        try:
+            specs.append(load_spec(pipeline))
+        except SpecError:
+            continue
+    return specs
+
+
+def datasets_in_use() -> dict[str, list[tuple[DatasetSpec, str]]]:
+    """TFDS dataset name -> the distinct (dataset spec, pipeline folder) the pipelines read.
+
+    The folder is where a pipeline's own dataset code (`dataset.builder`) or image folder is.
+    """
+    used: dict[str, list[tuple[DatasetSpec, str]]] = {}
+    for spec in loadable_specs():
+        entries = used.setdefault(spec.dataset.name, [])
+        # One folder per dataset spec: two copies of one builder (a pipeline copied with
+        # `stratoflow new-pipeline --from`) prepare the same data, and TFDS registers a name once.
+        if all(known != spec.dataset for known, _ in entries):
+            entries.append((spec.dataset, spec.folder if _needs_folder(spec.dataset) else ""))
     return used
 
 
 def pipelines_reading(dataset: str) -> list[str]:
     """The pipelines whose spec reads TFDS dataset `dataset`."""
-    return [name for name in list_pipelines() if load_spec(name).dataset.name == dataset]
+    return [spec.name for spec in loadable_specs() if spec.dataset.name == dataset]
+
+
+def _needs_folder(dataset: DatasetSpec) -> bool:
+    relative_images = dataset.image_folder is not None and not dataset.image_folder.startswith("/")
+    return dataset.builder is not None or dataset.preprocess is not None or relative_images

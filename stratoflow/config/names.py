@@ -51,8 +51,11 @@ RECOMMENDED_TAG = "stratoflow.recommended_strategy"
 REASON_TAG = "stratoflow.recommendation_reason"
 ERROR_TAG = "stratoflow.error"
 
-# MLflow metrics logged once per epoch (training runs and strategy benchmark children).
+# MLflow metrics logged once per epoch (training runs and strategy benchmark children), for a
+# classification pipeline; a pipeline's task decides the epoch metric (`epoch_metric`).
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
+# The epoch metric of each task: `<metric>` on the training batches, `val_<metric>` on validation.
+TASK_EPOCH_METRICS = {"classification": "accuracy", "regression": "mae"}
 
 # MLflow artifacts of a retrain run.
 CONFIG_JSON_ARTIFACT = "config.json"
@@ -60,6 +63,7 @@ CONFIG_YAML_ARTIFACT = "config.yaml"
 ENVIRONMENT_ARTIFACT = "environment.json"
 CURVES_ARTIFACT = "curves.png"
 CONFUSION_MATRIX_ARTIFACT = "confusion_matrix.png"
+RESIDUALS_ARTIFACT = "residuals.png"
 PER_CLASS_ARTIFACT = "evaluation/per_class.json"
 TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
 # MLflow artifacts of a strategy benchmark's parent run.
@@ -100,3 +104,14 @@ def asset_uri(dataset: str) -> str:
 def experiment_name(pipeline: str) -> str:
     """The MLflow experiment of `pipeline`'s retrain and benchmark runs: `stratoflow/mnist`."""
     return f"stratoflow/{pipeline}"
+
+
+def epoch_metric(task: str) -> str:
+    """The epoch metric of a pipeline's task: `accuracy` (classification), `mae` (regression)."""
+    return TASK_EPOCH_METRICS[task]
+
+
+def epoch_metrics(task: str) -> tuple[str, ...]:
+    """The metrics logged once per epoch for a task (`loss`, `<metric>`, `val_loss`, ...)."""
+    metric = epoch_metric(task)
+    return ("loss", metric, "val_loss", f"val_{metric}", "examples_per_second")

@@ -1,50 +1,104 @@
-"""Pipeline specs: one YAML file per pipeline in `pipelines/`, loaded into typed dataclasses.
+"""Pipeline specs: one folder per pipeline (`pipeline.yaml` + its own Python), loaded into
+typed dataclasses.
 
-A spec declares the dataset, the model, the training defaults, the evaluation gate, the schedule
-and the registered-model name. Loading validates every key and type and names the offending
-field, so a typo fails at DAG parse time with a message, not in the middle of a weekly retrain.
-What depends on the model (a known builder, a strategy that can train it) is checked by
-`stratoflow.training.validation`, which the DAG files and the first task call.
+A spec declares the dataset, the model, the objective (`task`, `optimizer`), the training
+defaults, the evaluation gate, the schedule and the registered-model name. Loading validates every
+key and type and names the file and the offending field, so a typo fails at DAG parse time with a
+message, not in the middle of a weekly retrain. Where the pipelines are found is
+`stratoflow.config.discovery`. What needs the pipeline's own code (its model builder's signature,
+its dataset) is checked by `stratoflow.training.validation` in the run's first task: DAG parsing
+never imports a pipeline's modules.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from stratoflow.config import discovery
 from stratoflow.config.parsing import SpecError, build, require_mapping
 from stratoflow.config.training import TrainingConfig, check_training
 
-# The `pipelines` package holds the pipeline definitions and no code: located, never imported.
-SPECS_DIR = Path(str(resources.files("pipelines")))
+# Kept for callers that locate the bundled pipelines.
+SPECS_DIR = discovery.BUNDLED_DIR
+
+TASKS = ("classification", "regression")
+# The test metrics each task produces; a gate must name one of its task's.
+TEST_METRICS = {
+    "classification": ("test_accuracy", "test_loss"),
+    "regression": ("test_mae", "test_rmse", "test_loss"),
+}
+# Keras 3 optimizers by their `keras.optimizers.get` name.
+OPTIMIZERS = (
+    "adadelta",
+    "adafactor",
+    "adagrad",
+    "adam",
+    "adamax",
+    "adamw",
+    "ftrl",
+    "lamb",
+    "lion",
+    "nadam",
+    "rmsprop",
+    "sgd",
+)
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """Which TFDS dataset feeds the pipeline.
+    """Which data feeds the pipeline: a TFDS dataset, from one of three sources.
+
+    - a registered TFDS name (`name`, e.g. `mnist`, or stratoflow's bundled builders);
+    - a TFDS builder in the pipeline's own code (`builder: "my_dataset:MyDataset"`): importing
+      it registers the builder under `name` (TFDS's snake_case of the class name);
+    - a folder of class-named image folders per split (`image_folder`), read with TFDS's
+      `ImageFolder`: `<folder>/<split>/<class>/<image file>`, resized to `image_shape`.
 
     Attributes:
-        name: a registered TFDS builder name (stratoflow's offline builders included).
-        version: the builder version to use, e.g. "1.0.0".
+        name: the TFDS dataset name (for `image_folder`: the name its asset and runs show).
+        version: the builder version to use, e.g. "1.0.0" (ignored for `image_folder`).
         config: the builder config name, if the builder has configs.
         splits: the TFDS split expression for each role: train, validation, test.
+        builder: import path of a TFDS builder class (`module:Class`) in the pipeline folder or
+            any importable module.
+        image_folder: a folder of split folders of class folders of images; relative to the
+            pipeline folder, or absolute.
+        image_shape: `[height, width, channels]` of an `image_folder`'s images once decoded
+            and resized (channels 1 or 3).
+        preprocess: import path (`module:function`) of a `tf.data` map function applied to
+            every `(features, target)` pair of every split, returning the new pair.
     """
 
     name: str
-    version: str
+    version: str = "1.0.0"
     config: str | None = None
     splits: dict[str, str] = field(
         default_factory=lambda: {"train": "train", "validation": "validation", "test": "test"}
     )
+    builder: str | None = None
+    image_folder: str | None = None
+    image_shape: list[int] | None = None
+    preprocess: str | None = None
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model builder (`stratoflow.training.models.MODEL_BUILDERS`) and its hyperparameters."""
+    """A model builder and its hyperparameters.
+
+    Attributes:
+        builder: a bundled builder's name (`small_cnn`, `mlp`:
+            `stratoflow.training.models.MODEL_BUILDERS`), or an import path `module:function`
+            (a module in the pipeline folder, or any importable module). The function is called
+            as `build(features, target, **hyperparameters)` and returns an uncompiled Keras 3
+            model (see `stratoflow.config.features`).
+        hyperparameters: keyword arguments of the builder; names checked against its signature
+            before training.
+    """
 
     builder: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
@@ -52,20 +106,52 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class EvaluationGate:
-    """When a new model may become champion.
+    """When a new model may become champion: a test metric, its bound and the champion's margin.
+
+    `min` makes a higher value better (accuracy), `max` a lower one (an error such as
+    `test_mae`); give exactly one. The older spelling `min_accuracy: 0.95` means
+    `metric: test_accuracy, min: 0.95`.
 
     Attributes:
-        min_accuracy: the test accuracy a model must reach.
-        max_regression: how much lower than the current champion's test accuracy it may be.
+        metric: the test metric the gate reads; one the pipeline's task produces
+            (`TEST_METRICS`).
+        min: the value the metric must reach (higher is better).
+        max: the value the metric must not exceed (lower is better).
+        max_regression: how much worse than the current champion's value it may be.
+        min_accuracy: the older spelling of `metric: test_accuracy, min: ...`.
     """
 
-    min_accuracy: float
+    metric: str = "test_accuracy"
+    min: float | None = None
+    max: float | None = None
     max_regression: float = 0.0
+    min_accuracy: float | None = None
+
+    @property
+    def higher_is_better(self) -> bool:
+        """True when the gate has a lower bound (`min`), False with an upper bound (`max`)."""
+        return self.max is None
+
+    @property
+    def bound(self) -> float:
+        """The gate's `min` or `max`."""
+        value = self.max if self.max is not None else self.min
+        assert value is not None, "a loaded gate has min or max"
+        return value
 
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """One retraining pipeline: everything its DAG and its tasks need to know."""
+    """One retraining pipeline: everything its DAG and its tasks need to know.
+
+    Attributes:
+        task: `classification` (integer class labels; cross-entropy, accuracy, confusion
+            matrix) or `regression` (float targets; mean squared error, MAE, residual plot).
+        optimizer: a Keras optimizer by name and its arguments, e.g. `{name: adamw,
+            weight_decay: 0.004}`; the learning rate is `training.learning_rate` (a Param).
+        folder: the pipeline's folder (set by `load_spec`, not written in the YAML): its own
+            modules are imported from there.
+    """
 
     name: str
     description: str
@@ -74,44 +160,162 @@ class PipelineSpec:
     training: TrainingConfig
     evaluation: EvaluationGate
     registered_model: str
+    task: str = "classification"
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "adam"})
     schedule: str | None = None
     owner: str = "stratoflow"
     tags: list[str] = field(default_factory=list)
     retries: int = 2
     retry_delay_seconds: int = 60
+    folder: str = ""
+
+    @property
+    def source(self) -> str:
+        """The spec's file, as error messages name it."""
+        return str(Path(self.folder) / discovery.PIPELINE_FILE) if self.folder else self.name
 
 
 def list_pipelines() -> list[str]:
-    """Names of the pipelines shipped in `pipelines/`, sorted."""
-    return sorted(path.stem for path in SPECS_DIR.glob("*.yaml"))
+    """Names of the pipelines found (bundled and on `STRATOFLOW_PIPELINES_PATH`), sorted.
+
+    A name with a discovery problem (two folders claim it, it is not a valid name) is left out:
+    `pipeline_problems` says why.
+    """
+    return sorted(discovery.discover().folders)
+
+
+def pipeline_problems() -> dict[str, str]:
+    """Pipeline name (or path entry) → why it cannot load, for what discovery refused."""
+    return discovery.discover().problems
+
+
+def pipeline_folder(name: str) -> Path:
+    """The folder of pipeline `name`.
+
+    Raises:
+        SpecError: no such pipeline, or discovery refused it (e.g. two folders claim the name).
+    """
+    found = discovery.discover()
+    if name in found.problems:
+        raise SpecError(found.problems[name])
+    if name not in found.folders:
+        raise SpecError(f"unknown pipeline {name!r}; available: {', '.join(sorted(found.folders))}")
+    return found.folders[name]
 
 
 def load_spec(name: str) -> PipelineSpec:
-    """Load and validate the spec of pipeline `name`.
+    """Load and validate the spec of pipeline `name` (its `pipeline.yaml`).
 
     Raises:
         SpecError: no such pipeline, or the file has an unknown key, a wrong type or an
             invalid value; the message names the file and the field.
     """
-    path = SPECS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise SpecError(f"unknown pipeline {name!r}; available: {', '.join(list_pipelines())}")
-    return parse_spec(name, yaml.safe_load(path.read_text()) or {}, source=path.name)
+    folder = pipeline_folder(name)
+    path = folder / discovery.PIPELINE_FILE
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise SpecError(f"{path}: not readable YAML: {' '.join(str(error).split())}") from None
+    data = require_mapping(data, str(path))
+    if "folder" in data or "name" in data:
+        key = "folder" if "folder" in data else "name"
+        raise SpecError(
+            f"{path}: unknown key {key!r} (the pipeline's name and folder are its folder's)"
+        )
+    return parse_spec(name, {**data, "folder": str(folder)}, source=str(path))
 
 
 def parse_spec(name: str, data: Any, source: str = "<spec>") -> PipelineSpec:
     """Build a validated `PipelineSpec` from a parsed YAML mapping."""
     spec = build(PipelineSpec, {"name": name, **require_mapping(data, source)}, source)
-    _check_values(spec, source)
-    return spec
+    return _check_values(spec, source)
 
 
-def _check_values(spec: PipelineSpec, source: str) -> None:
-    missing = {"train", "validation", "test"} - set(spec.dataset.splits)
+def _check_values(spec: PipelineSpec, source: str) -> PipelineSpec:
+    dataset = spec.dataset
+    missing = {"train", "validation", "test"} - set(dataset.splits)
     if missing:
         raise SpecError(f"{source}: dataset.splits lacks {', '.join(sorted(missing))}")
+    if dataset.builder is not None and dataset.image_folder is not None:
+        raise SpecError(f"{source}: dataset.builder and dataset.image_folder exclude each other")
+    if dataset.image_folder is not None:
+        shape = dataset.image_shape
+        if (
+            not shape
+            or len(shape) != 3
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+            or shape[2] not in (1, 3)
+        ):
+            raise SpecError(
+                f"{source}: dataset.image_shape must be [height, width, channels] (positive "
+                f"integers, channels 1 or 3) for an image_folder; got {shape!r}"
+            )
+    elif dataset.image_shape is not None:
+        raise SpecError(f"{source}: dataset.image_shape applies only to dataset.image_folder")
+    for key, path in (
+        ("dataset.builder", dataset.builder),
+        ("dataset.preprocess", dataset.preprocess),
+    ):
+        if path is not None:
+            check_import_path(path, f"{source}: {key}")
+    if ":" in spec.model.builder:
+        check_import_path(spec.model.builder, f"{source}: model.builder")
     check_training(spec.training, source + ": training")
-    if not 0.0 <= spec.evaluation.min_accuracy <= 1.0:
-        raise SpecError(f"{source}: evaluation.min_accuracy must be within [0, 1]")
-    if spec.evaluation.max_regression < 0:
-        raise SpecError(f"{source}: evaluation.max_regression must be >= 0")
+    if spec.task not in TASKS:
+        raise SpecError(f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+    _check_optimizer(spec.optimizer, source)
+    return dataclasses.replace(spec, evaluation=_checked_gate(spec.evaluation, spec.task, source))
+
+
+def check_import_path(path: str, where: str) -> None:
+    """Refuse an import path that is not `module:attribute` (module dotted, both identifiers)."""
+    module, _, attribute = path.partition(":")
+    parts = [*module.split("."), attribute]
+    if not attribute or not all(part.isidentifier() for part in parts):
+        raise SpecError(
+            f"{where}: {path!r} is not an import path; write 'module:name' (a module of the "
+            "pipeline folder, e.g. 'model:build', or any importable module)"
+        )
+
+
+def _check_optimizer(optimizer: dict[str, Any], source: str) -> None:
+    name = optimizer.get("name")
+    if name not in OPTIMIZERS:
+        raise SpecError(
+            f"{source}: optimizer.name {name!r} is not allowed; allowed: {', '.join(OPTIMIZERS)}"
+        )
+    if "learning_rate" in optimizer:
+        raise SpecError(
+            f"{source}: optimizer.learning_rate: set training.learning_rate instead (a Param of "
+            "every run)"
+        )
+
+
+def _checked_gate(gate: EvaluationGate, task: str, source: str) -> EvaluationGate:
+    where = f"{source}: evaluation"
+    bound_key = "min" if gate.max is None else "max"
+    if gate.min_accuracy is not None:
+        bound_key = "min_accuracy"
+    if gate.min_accuracy is not None:
+        if gate.min is not None or gate.max is not None or gate.metric != "test_accuracy":
+            raise SpecError(
+                f"{where}.min_accuracy is the older spelling of metric: test_accuracy, min: ...; "
+                "do not combine it with metric, min or max"
+            )
+        gate = dataclasses.replace(gate, min=gate.min_accuracy, min_accuracy=None)
+    allowed = TEST_METRICS[task]
+    if gate.metric not in allowed:
+        raise SpecError(
+            f"{where}.metric {gate.metric!r} is not a metric of task {task!r}; allowed: "
+            f"{', '.join(allowed)}"
+        )
+    if (gate.min is None) == (gate.max is None):
+        raise SpecError(
+            f"{where}: give exactly one of min (higher {gate.metric} is better) or max (lower is "
+            "better)"
+        )
+    if gate.metric == "test_accuracy" and not 0.0 <= gate.bound <= 1.0:
+        raise SpecError(f"{where}.{bound_key} must be within [0, 1]")
+    if gate.max_regression < 0:
+        raise SpecError(f"{where}.max_regression must be >= 0")
+    return gate

@@ -2,8 +2,9 @@
 
 `prepare_dataset` is the first step of every pipeline. It returns a `DatasetRef`, a small JSON-able
 record (it travels through XCom) of where the prepared files are, the split expression and size of
-each role, the input shape and classes, and a content fingerprint that is logged with each run.
-`load_split` / `load_arrays` read one role back, in a fixed order, scaled to [0, 1].
+each role, the features and target (`stratoflow.config.features`), and a content fingerprint that
+is logged with each run. `load_split` / `load_arrays` read one role back, in a fixed order
+(images scaled to [0, 1]; tabular columns as a dict), the pipeline's preprocessing applied.
 
 stratoflow's own builders (`stratoflow.data.tfds_builders`) read data shipped inside installed
 packages, so
@@ -36,7 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratoflow.config import settings
+from stratoflow.config import plugins, settings
+from stratoflow.config.features import (
+    CATEGORICAL,
+    CLASSIFICATION,
+    IMAGE,
+    NUMERIC,
+    REGRESSION,
+    TABULAR,
+    Column,
+    Features,
+    Target,
+)
+from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import DatasetSpec
 
 if TYPE_CHECKING:
@@ -57,6 +70,11 @@ class DatasetUnavailableError(RuntimeError):
     """The dataset is not prepared in the data dir and cannot be downloaded from here."""
 
 
+class DatasetMismatchError(ValueError):
+    """The data does not fit the pipeline's spec (labels vs `task`, features stratoflow cannot
+    feed): the spec and the data decide it, so retrying cannot help."""
+
+
 @dataclass
 class DatasetRef:
     """A prepared dataset, as the downstream steps need it (JSON-able; passed through XCom).
@@ -68,12 +86,14 @@ class DatasetRef:
         data_dir: the TFDS data dir holding the prepared files.
         splits: role (train / validation / test) → TFDS split expression.
         split_sizes: role → number of examples.
-        image_shape: the shape of one input example, e.g. [28, 28, 1].
-        num_classes: the number of label classes.
-        class_names: the label names, index = label value.
+        features: what the model takes (`stratoflow.config.features.Features`).
+        target: what it predicts (`stratoflow.config.features.Target`).
         fingerprint: sha256 (hex) over the prepared files' names and contents; identical data
             gives the same fingerprint, whichever machine or run built it.
         built: True if this call built the dataset, False if it was already prepared.
+        image_folder: for an image-folder dataset, the folder read with TFDS's `ImageFolder`.
+        preprocess: the pipeline's `tf.data` map function (`module:function`), or None.
+        pipeline_folder: the pipeline's folder (where `preprocess` is imported from).
     """
 
     name: str
@@ -82,15 +102,24 @@ class DatasetRef:
     data_dir: str
     splits: dict[str, str]
     split_sizes: dict[str, int]
-    image_shape: list[int]
-    num_classes: int
-    class_names: list[str]
+    features: Features
+    target: Target
     fingerprint: str
     built: bool = False
+    image_folder: str | None = None
+    preprocess: str | None = None
+    pipeline_folder: str | None = None
+
+    @property
+    def class_names(self) -> list[str]:
+        """The class names of a classification target (empty for regression)."""
+        return list(self.target.class_names)
 
     def to_dict(self) -> dict[str, Any]:
         """The ref as plain JSON types (for XCom, MLflow params, files)."""
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["features"], data["target"] = self.features.to_dict(), self.target.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DatasetRef:
@@ -100,45 +129,66 @@ class DatasetRef:
             ValueError: a field is missing or unknown.
         """
         names = [f.name for f in dataclasses.fields(cls)]
+        optional = ("built", "image_folder", "preprocess", "pipeline_folder")
         unknown = sorted(set(data) - set(names))
-        missing = [n for n in names if n not in data and n != "built"]
+        missing = [n for n in names if n not in data and n not in optional]
         if unknown or missing:
             raise ValueError(f"not a DatasetRef: unknown keys {unknown}, missing keys {missing}")
+
+        def text(key: str) -> str | None:
+            return None if data.get(key) is None else str(data[key])
+
         return cls(
             name=str(data["name"]),
             version=str(data["version"]),
-            config=None if data["config"] is None else str(data["config"]),
+            config=text("config"),
             data_dir=str(data["data_dir"]),
             splits={str(k): str(v) for k, v in data["splits"].items()},
             split_sizes={str(k): int(v) for k, v in data["split_sizes"].items()},
-            image_shape=[int(d) for d in data["image_shape"]],
-            num_classes=int(data["num_classes"]),
-            class_names=[str(n) for n in data["class_names"]],
+            features=Features.from_dict(data["features"]),
+            target=Target.from_dict(data["target"]),
             fingerprint=str(data["fingerprint"]),
             built=bool(data.get("built", False)),
+            image_folder=text("image_folder"),
+            preprocess=text("preprocess"),
+            pipeline_folder=text("pipeline_folder"),
         )
 
 
-def prepare_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> DatasetRef:
+def prepare_dataset(
+    spec: DatasetSpec,
+    data_dir: Path | None = None,
+    *,
+    folder: str | Path | None = None,
+    task: str | None = None,
+) -> DatasetRef:
     """Build the dataset of `spec` into the data dir if it is not prepared yet, and describe it.
 
-    Works for stratoflow's bundled offline builders and for any registered TFDS dataset. One
-    process builds: an exclusive lock on `<data_dir>/.<name>.prepare.lock` is held around the
-    check-and-build, and the check is repeated once the lock is held, so concurrent callers all
-    succeed and the data is built once.
+    Works for stratoflow's bundled offline builders, any registered TFDS dataset, a TFDS
+    builder of the pipeline's own (`spec.builder`, imported here, which registers it) and a
+    folder of class-named image folders (`spec.image_folder`, read in place by TFDS's
+    `ImageFolder`, nothing built). One process builds: an exclusive lock on
+    `<data_dir>/.<name>.prepare.lock` is held around the check-and-build, and the check is
+    repeated once the lock is held, so concurrent callers all succeed and the data is built once.
 
     Args:
         spec: the dataset name, version, config and the split expression of each role.
         data_dir: the TFDS data dir; default `stratoflow.config.settings.data_dir()`
-        ($TFDS_DATA_DIR).
+            ($TFDS_DATA_DIR).
+        folder: the pipeline's folder: where `spec.builder`, `spec.preprocess` and a relative
+            `spec.image_folder` are found.
+        task: the pipeline's task; its labels must fit it (None: whatever the labels are).
 
     Returns:
         The prepared dataset's `DatasetRef`; `built` says whether this call built it.
 
     Raises:
         ValueError: unknown TFDS name, version or config; a role without a valid split
-            expression; a dataset without fixed-shape supervised (input, ClassLabel) features.
+            expression.
+        DatasetMismatchError: labels that do not fit `task`, or features stratoflow cannot feed
+            a model (no fixed shape, columns that are not scalar numbers or class labels).
         DatasetUnavailableError: not prepared here and its files cannot be downloaded.
+        SpecError: `spec.builder` does not resolve to a TFDS builder named `spec.name`.
     """
     import tensorflow_datasets as tfds
 
@@ -149,29 +199,38 @@ def prepare_dataset(spec: DatasetSpec, data_dir: Path | None = None) -> DatasetR
     label = _label(spec.name, spec.config, spec.version)
     _check_roles(spec.splits)
 
-    builder = _make_builder(spec.name, spec.config, spec.version, root)
-    built = False
-    if builder.is_prepared():
-        logger.info("dataset %s is already prepared in %s", label, root)
+    if spec.image_folder is not None:
+        images = _image_folder_path(spec.image_folder, folder)
+        ref = _describe(
+            _image_folder_builder(images, spec.image_shape or []), spec, root, False, task, images
+        )
     else:
-        with _exclusive_lock(root / f".{spec.name}.prepare.lock", label):
-            # Another process may have built it while we waited for the lock.
-            builder = _make_builder(spec.name, spec.config, spec.version, root)
-            if builder.is_prepared():
-                logger.info("dataset %s was prepared by another process meanwhile", label)
-            else:
-                _build(builder, spec, root, tfds)
-                built = True
-                # Fill the fingerprint cache before waiting processes look at it.
-                fingerprint(Path(os.fspath(builder.data_dir)))
-
-    ref = _describe(builder, spec, root, built)
+        own = _import_builder(spec, folder) if spec.builder is not None else None
+        builder = _make_builder(spec.name, spec.config, spec.version, root, own)
+        built = False
+        if builder.is_prepared():
+            logger.info("dataset %s is already prepared in %s", label, root)
+        else:
+            with _exclusive_lock(root / f".{spec.name}.prepare.lock", label):
+                # Another process may have built it while we waited for the lock.
+                builder = _make_builder(spec.name, spec.config, spec.version, root, own)
+                if builder.is_prepared():
+                    logger.info("dataset %s was prepared by another process meanwhile", label)
+                else:
+                    _build(builder, spec, root, tfds)
+                    built = True
+                    # Fill the fingerprint cache before waiting processes look at it.
+                    fingerprint(Path(os.fspath(builder.data_dir)))
+        ref = _describe(builder, spec, root, built, task)
+    if spec.preprocess is not None:
+        ref.preprocess = spec.preprocess
+        ref.pipeline_folder = None if folder is None else os.fspath(folder)
     logger.info(
         "dataset %s ready: %s, fingerprint %s%s",
         label,
         ", ".join(f"{role} {ref.splits[role]!r} = {n}" for role, n in ref.split_sizes.items()),
         ref.fingerprint[:12],
-        " (built by this process)" if built else "",
+        " (built by this process)" if ref.built else "",
     )
     return ref
 
@@ -183,7 +242,7 @@ def load_split(
     read_config: Any = None,
     shuffle_files: bool = False,
 ) -> tf.data.Dataset:
-    """Read one role of a prepared dataset as `(image, label)` pairs, in a fixed order.
+    """Read one role of a prepared dataset as `(features, target)` pairs, in a fixed order.
 
     Args:
         ref: the `DatasetRef` (or its dict) returned by `prepare_dataset`.
@@ -194,8 +253,11 @@ def load_split(
         shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
 
     Returns:
-        An unbatched, unshuffled `tf.data.Dataset` of `(float32 image in [0, 1] with shape
-        ref.image_shape, int64 label)`; the same order on every call and every machine.
+        An unbatched, unshuffled `tf.data.Dataset` of `(features, target)`, the same order on
+        every call and every machine. `features` is a float32 image in [0, 1] of shape
+        `ref.features.shape`, or for tabular data a dict of scalars (float32 numeric columns,
+        int64 categorical ids); `target` an int64 class id or a float32 regression target. The
+        pipeline's `preprocess` function, if any, has been applied to every pair.
 
     Raises:
         ValueError: `role` is not in the ref.
@@ -208,32 +270,53 @@ def load_split(
     ref = _as_ref(ref)
     if role not in ref.splits:
         raise ValueError(f"unknown role {role!r}; the dataset ref has: {', '.join(ref.splits)}")
-    builder = _make_builder(ref.name, ref.config, ref.version, Path(ref.data_dir))
-    if not builder.is_prepared():
-        raise DatasetUnavailableError(
-            f"dataset {_label(ref.name, ref.config, ref.version)} is no longer prepared in "
-            f"{ref.data_dir}; run prepare_dataset again"
-        )
     if read_config is None:
         options = tf.data.Options()
         options.deterministic = True
         read_config = tfds.ReadConfig(options=options, interleave_cycle_length=1)
+    features, target = ref.features, ref.target
+    if ref.image_folder is not None:
+        builder = _image_folder_builder(Path(ref.image_folder), list(features.shape))
+    else:
+        builder = _make_builder(ref.name, ref.config, ref.version, Path(ref.data_dir))
+        if not builder.is_prepared():
+            raise DatasetUnavailableError(
+                f"dataset {_label(ref.name, ref.config, ref.version)} is no longer prepared in "
+                f"{ref.data_dir}; run prepare_dataset again"
+            )
     dataset = builder.as_dataset(
         split=ref.splits[role],
         as_supervised=True,
         shuffle_files=shuffle_files,
         read_config=read_config,
     )
-    shape = list(ref.image_shape)
+    shape = list(features.shape)
+    resize = ref.image_folder is not None
 
-    def scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.ensure_shape(tf.cast(image, tf.float32) / 255.0, shape)
-        return image, tf.cast(label, tf.int64)
+    def convert(inputs: Any, label: tf.Tensor) -> tuple[Any, tf.Tensor]:
+        if features.kind == TABULAR:
+            inputs = {
+                column.name: tf.cast(
+                    inputs[column.name], tf.float32 if column.kind == NUMERIC else tf.int64
+                )
+                for column in features.columns
+            }
+        else:
+            inputs = tf.cast(inputs, tf.float32)
+            if resize:
+                inputs = tf.image.resize(inputs, shape[:2])
+            inputs = tf.ensure_shape(inputs / 255.0, shape)
+        label = tf.cast(label, tf.int64 if target.task == CLASSIFICATION else tf.float32)
+        return inputs, label
 
-    return dataset.map(scale, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if ref.preprocess is not None:
+        function = plugins.load_object(ref.preprocess, ref.pipeline_folder, "dataset.preprocess")
+        dataset = dataset.map(function, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return dataset
 
 
-def load_arrays(ref: DatasetRef | Mapping[str, Any], role: str) -> tuple[np.ndarray, np.ndarray]:
+def load_arrays(ref: DatasetRef | Mapping[str, Any], role: str) -> tuple[Any, np.ndarray]:
     """Read one role into memory: the same values and order as `load_split`.
 
     Args:
@@ -241,18 +324,24 @@ def load_arrays(ref: DatasetRef | Mapping[str, Any], role: str) -> tuple[np.ndar
         role: "train", "validation" or "test".
 
     Returns:
-        `(images, labels)`: float32 `(n, *image_shape)` in [0, 1] and int64 `(n,)`.
+        `(features, targets)`: an array `(n, *shape)` (images) or a dict of column arrays
+        `(n,)` (tabular), and the targets `(n,)` (int64 class ids, float32 regression values).
     """
     import numpy as np
 
     ref = _as_ref(ref)
-    images, labels = [], []
-    for image_batch, label_batch in load_split(ref, role).batch(1024).as_numpy_iterator():
-        images.append(image_batch)
-        labels.append(label_batch)
-    if not images:
-        return np.zeros((0, *ref.image_shape), np.float32), np.zeros((0,), np.int64)
-    return np.concatenate(images), np.concatenate(labels)
+    inputs: list[Any] = []
+    targets: list[np.ndarray] = []
+    for input_batch, target_batch in load_split(ref, role).batch(1024).as_numpy_iterator():
+        inputs.append(input_batch)
+        targets.append(target_batch)
+    if not inputs:
+        raise ValueError(f"role {role!r} of dataset {ref.name} has no examples")
+    if isinstance(inputs[0], dict):
+        joined: Any = {key: np.concatenate([b[key] for b in inputs]) for key in inputs[0]}
+    else:
+        joined = np.concatenate(inputs)
+    return joined, np.concatenate(targets)
 
 
 # --- building -------------------------------------------------------------------------------
@@ -274,10 +363,62 @@ def _as_ref(ref: DatasetRef | Mapping[str, Any]) -> DatasetRef:
     return ref if isinstance(ref, DatasetRef) else DatasetRef.from_dict(ref)
 
 
-def _make_builder(name: str, config: str | None, version: str, data_dir: Path) -> Any:
+def _image_folder_path(image_folder: str, folder: str | Path | None) -> Path:
+    path = Path(image_folder).expanduser()
+    if not path.is_absolute() and folder is not None:
+        path = Path(folder) / path
+    if not path.is_dir():
+        raise DatasetMismatchError(
+            f"dataset.image_folder: {os.fspath(path)!r} is not a folder (expected "
+            "<folder>/<split>/<class name>/<image files>)"
+        )
+    return path.resolve()
+
+
+def _image_folder_builder(images: Path, shape: list[int]) -> Any:
+    import tensorflow_datasets as tfds
+
+    # Decoded with the spec's channels, any size: `load_split` resizes to the spec's shape.
+    return tfds.folder_dataset.ImageFolder(os.fspath(images), shape=(None, None, shape[2]))
+
+
+def _import_builder(spec: DatasetSpec, folder: str | Path | None) -> type:
+    """Import the pipeline's own TFDS builder class (defining it registers it with TFDS).
+
+    TFDS refuses a second class of a name it knows (`already registered`): a copy of a pipeline,
+    or the same module imported again from another folder. Such a class is imported without
+    registering and used directly; the data it prepares goes to the same `<data_dir>/<name>`.
+    """
+    import tensorflow_datasets as tfds
+
+    assert spec.builder is not None
+    where = f"{os.fspath(Path(folder) / 'pipeline.yaml') if folder else 'pipeline.yaml'}: "
+    known = spec.name in tfds.list_builders(with_community_datasets=False)
+    quietly = tfds.core.registered.skip_registration() if known else contextlib.nullcontext()
+    with quietly:
+        builder = plugins.load_object(spec.builder, folder, where + "dataset.builder")
+    if not (isinstance(builder, type) and issubclass(builder, tfds.core.DatasetBuilder)):
+        raise SpecError(
+            f"{where}dataset.builder {spec.builder!r} is not a TFDS builder class (a subclass "
+            f"of tfds.core.GeneratorBasedBuilder); got {builder!r:.200}"
+        )
+    builder_name = getattr(builder, "name", None)
+    if builder_name != spec.name:
+        raise SpecError(
+            f"{where}dataset.name {spec.name!r} differs from the name of dataset.builder "
+            f"{spec.builder!r}, {builder_name!r} (TFDS names a builder after its class)"
+        )
+    return builder
+
+
+def _make_builder(
+    name: str, config: str | None, version: str, data_dir: Path, own: type | None = None
+) -> Any:
     import tensorflow_datasets as tfds
 
     try:
+        if own is not None:  # the pipeline's own builder class, whatever TFDS registered
+            return own(config=config, version=version, data_dir=os.fspath(data_dir))
         return tfds.builder(name, config=config, version=version, data_dir=os.fspath(data_dir))
     except tfds.core.registered.DatasetNotFoundError as error:
         hint = re.search(r"Did you mean: .*", str(error))
@@ -465,9 +606,14 @@ def _heartbeat(message: str, started: float) -> Iterator[None]:
 # --- describing ------------------------------------------------------------------------------
 
 
-def _describe(builder: Any, spec: DatasetSpec, data_dir: Path, built: bool) -> DatasetRef:
-    import tensorflow_datasets as tfds
-
+def _describe(
+    builder: Any,
+    spec: DatasetSpec,
+    data_dir: Path,
+    built: bool,
+    task: str | None,
+    image_folder: Path | None = None,
+) -> DatasetRef:
     info = builder.info
     label = _label(spec.name, spec.config, spec.version)
     available = {name: split.num_examples for name, split in info.splits.items()}
@@ -490,32 +636,88 @@ def _describe(builder: Any, spec: DatasetSpec, data_dir: Path, built: bool) -> D
         split_sizes[role] = size
 
     if not info.supervised_keys or len(info.supervised_keys) != 2:
-        raise ValueError(f"dataset {label} has no (input, label) supervised keys")
+        raise DatasetMismatchError(f"dataset {label} has no (input, label) supervised keys")
     input_key, label_key = info.supervised_keys
-    input_feature, label_feature = info.features[input_key], info.features[label_key]
-    shape = tuple(getattr(input_feature, "shape", ()) or ())
-    if not shape or any(dim is None for dim in shape):
-        raise ValueError(
-            f"dataset {label}: input {input_key!r} has shape {shape}; stratoflow needs a fixed "
-            "shape (resize the images in a TFDS config first)"
-        )
-    if not isinstance(label_feature, tfds.features.ClassLabel):
-        raise ValueError(f"dataset {label}: label {label_key!r} is not a ClassLabel")
-
-    variant_dir = Path(os.fspath(builder.data_dir))
+    if image_folder is not None:
+        features = Features(IMAGE, shape=tuple(spec.image_shape or ()))
+        variant_dir = image_folder
+    else:
+        features = _describe_features(info.features[input_key], input_key, label)
+        variant_dir = Path(os.fspath(builder.data_dir))
+    target = _describe_target(info.features[label_key], label_key, label, task)
     return DatasetRef(
         name=spec.name,
-        version=str(builder.version),
+        version=str(builder.version) if image_folder is None else spec.version,
         config=spec.config,
         data_dir=os.fspath(data_dir),
         splits=dict(spec.splits),
         split_sizes=split_sizes,
-        image_shape=[int(dim) for dim in shape],
-        num_classes=int(label_feature.num_classes),
-        class_names=[str(name) for name in label_feature.names],
+        features=features,
+        target=target,
         fingerprint=fingerprint(variant_dir),
         built=built,
+        image_folder=None if image_folder is None else os.fspath(image_folder),
     )
+
+
+def _describe_features(feature: Any, key: str, label: str) -> Features:
+    import tensorflow_datasets as tfds
+
+    if isinstance(feature, tfds.features.FeaturesDict):
+        columns = []
+        for name, column in feature.items():
+            if isinstance(column, tfds.features.ClassLabel):
+                columns.append(Column(name, CATEGORICAL, tuple(str(n) for n in column.names)))
+            elif tuple(column.shape) == () and _dtype_kind(column) in "fiub":
+                columns.append(Column(name, NUMERIC))
+            else:
+                raise DatasetMismatchError(
+                    f"dataset {label}: column {name!r} of {key!r} is {type(column).__name__} "
+                    f"with shape {tuple(column.shape)}; a tabular column must be a scalar "
+                    "number or a ClassLabel"
+                )
+        # Sorted by name: TFDS does not keep a FeaturesDict's order across processes.
+        return Features(TABULAR, columns=tuple(sorted(columns, key=lambda c: c.name)))
+    shape = tuple(getattr(feature, "shape", ()) or ())
+    if not shape or any(dim is None for dim in shape) or len(shape) != 3:
+        raise DatasetMismatchError(
+            f"dataset {label}: input {key!r} has shape {shape}; stratoflow needs images of a "
+            "fixed shape (height, width, channels) or a FeaturesDict of tabular columns"
+        )
+    return Features(IMAGE, shape=tuple(int(d) for d in shape))
+
+
+def _describe_target(feature: Any, key: str, label: str, task: str | None) -> Target:
+    import tensorflow_datasets as tfds
+
+    if isinstance(feature, tfds.features.ClassLabel):
+        found = Target(CLASSIFICATION, class_names=tuple(str(n) for n in feature.names))
+    elif _dtype_kind(feature) == "f" and len(tuple(feature.shape)) <= 1:
+        shape = tuple(feature.shape)
+        found = Target(REGRESSION, num_targets=int(shape[0]) if shape else 1)
+    else:
+        raise DatasetMismatchError(
+            f"dataset {label}: label {key!r} ({type(feature).__name__}, dtype "
+            f"{getattr(feature, 'np_dtype', '?')}) is neither a ClassLabel (classification) nor "
+            "float targets (regression)"
+        )
+    if task is not None and task != found.task:
+        wanted = "a ClassLabel" if task == CLASSIFICATION else "float targets"
+        raise DatasetMismatchError(
+            f"task {task!r} needs {wanted} as labels, but the label {key!r} of dataset {label} "
+            f"is {'a ClassLabel' if found.task == CLASSIFICATION else 'float values'}: set task: "
+            f"{found.task}, or use another dataset"
+        )
+    return found
+
+
+def _dtype_kind(feature: Any) -> str:
+    import numpy as np
+
+    try:
+        return str(np.dtype(feature.np_dtype).kind)
+    except Exception:  # not a tensor feature
+        return "?"
 
 
 def fingerprint(variant_dir: Path) -> str:

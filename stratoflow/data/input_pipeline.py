@@ -117,9 +117,15 @@ def example_bytes(ref: DatasetRef, role: str) -> int:
 
 
 def split_files(ref: DatasetRef, role: str) -> list[str]:
-    """The prepared files `role` reads, in the split's order."""
+    """The prepared files `role` reads, in the split's order (none for an image folder).
+
+    An image folder is read image by image from its class folders, not from prepared record
+    files: it has nothing to shard by file, so it is sharded by DATA.
+    """
     import tensorflow_datasets as tfds
 
+    if ref.image_folder is not None:
+        return []
     variant = Path(ref.data_dir) / ref.name
     if ref.config:
         variant /= ref.config

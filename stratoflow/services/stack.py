@@ -454,12 +454,11 @@ def wait_for_dags(stack: Stack, timeout_seconds: float = 180.0) -> float:
     Raises:
         ServiceError: some DAG is still unknown after `timeout_seconds`.
     """
-    from stratoflow.config.assets import datasets_in_use
-    from stratoflow.config.spec import list_pipelines
+    from stratoflow.config.assets import datasets_in_use, loadable_specs
     from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 
     config = stack._require_config()
-    expected = {names.retrain_dag_id(p) for p in list_pipelines()}
+    expected = {names.retrain_dag_id(spec.name) for spec in loadable_specs()}
     expected |= {names.refresh_dag_id(d) for d in datasets_in_use()}
     api = AirflowApi(config.api_url, ADMIN_USER, config.admin_password)
     started = time.monotonic()

@@ -7,8 +7,9 @@ params and metrics in the MLflow UI and with `stratoflow compare`.
   `airflow.dag_id` + `airflow.run_id` so a retried task reuses it;
 - tags `strategy`, `num_replicas`, `num_workers`, `global_batch_size`, `loop`, `dataset`;
 - params: the whole resolved config, flattened (`training.strategy`, `model.builder`, ...);
-- metrics per epoch (step = epoch): `loss`, `accuracy`, `val_loss`, `val_accuracy`,
-  `examples_per_second`; final `test_loss`, `test_accuracy`, per-class precision/recall;
+- metrics per epoch (step = epoch): `loss`, `accuracy`, `val_loss`, `val_accuracy` (`mae`,
+  `val_mae` for regression), `examples_per_second`; final `test_loss`, `test_accuracy`,
+  per-class precision/recall (regression: `test_mae`, `test_rmse`);
   `system/...` (CPU, memory) sampled during training;
 - artifacts: `config.json` + `config.yaml`, `environment.json`, `curves.png`,
   `confusion_matrix.png`, `evaluation/per_class.json`, `evaluation/test_metrics.json`;
@@ -240,7 +241,7 @@ def _log_dataset_input(mlflow_client: Any, run_id: str, dataset: dict[str, Any])
     from mlflow.entities import DatasetInput, InputTag
     from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
-    source = resolve_dataset_source(str(dataset["data_dir"]))
+    source = resolve_dataset_source(str(dataset.get("image_folder") or dataset["data_dir"]))
     meta = MetaDataset(  # type: ignore[abstract]  # MLflow leaves `profile` abstract
         source,
         name=f"{dataset['name']}:{dataset['version']}",
@@ -309,14 +310,20 @@ class EpochLogger:
         self.logged_epochs = {metric.step for metric in history}
 
     def __call__(self, metrics: Any) -> None:
-        values = metrics if isinstance(metrics, dict) else dataclasses.asdict(metrics)
+        values = metrics if isinstance(metrics, dict) else metrics.to_dict()
         epoch = int(values["epoch"])
         if epoch in self.logged_epochs:
             return
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(key, float(values[key]), now, epoch) for key in names.EPOCH_METRICS]
+        # The objective names the epoch metric (`accuracy`, `mae`): every value but the epoch
+        # itself and its duration is a metric.
+        batch = [
+            Metric(key, float(value), now, epoch)
+            for key, value in values.items()
+            if key not in ("epoch", "seconds")
+        ]
         self.client.log_batch(self.run_id, metrics=batch)
         self.logged_epochs.add(epoch)
 
@@ -326,16 +333,16 @@ class EpochLogger:
             self(entry)
 
 
-def champion(model_name: str) -> tuple[str, float] | None:
-    """The current champion's (version, test_accuracy), or None if there is no champion."""
+def champion(model_name: str, metric: str = "test_accuracy") -> tuple[str, float] | None:
+    """The current champion's (version, value of test `metric`), or None without a champion."""
     mlflow_client = client()
     try:
         version = mlflow_client.get_model_version_by_alias(model_name, names.CHAMPION)
     except Exception:  # no such model or no such alias
         return None
     run = mlflow_client.get_run(version.run_id)
-    accuracy = run.data.metrics.get("test_accuracy")
-    return (str(version.version), float(accuracy)) if accuracy is not None else None
+    value = run.data.metrics.get(metric)
+    return (str(version.version), float(value)) if value is not None else None
 
 
 def finish_run(run_id: str, status: str = "FINISHED") -> None:

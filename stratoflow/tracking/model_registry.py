@@ -9,14 +9,20 @@ has its version deleted puts `champion` back on the previous champion instead of
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from stratoflow.config import names
-from stratoflow.tracking import mlflow_runs
+from stratoflow.config.features import Target
+from stratoflow.tracking import mlflow_runs, serving_loader
+
+# The served model's loader module, as copied into every logged model's `code/` folder.
+SERVING_MODULE = "stratoflow_serving"
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +44,16 @@ def find_version_of_run(mlflow_client: Any, model_name: str, run_id: str) -> Any
     return versions[0] if versions else None
 
 
-def log_model(run_id: str, model_path: str, input_example: Any) -> str:
-    """Log the Keras model (mlflow.keras flavor, signature, input example) once per run."""
+def log_model(run_id: str, model_path: str, features: Any, target: Target) -> str:
+    """Log the Keras model once per run: `keras` flavor, and a `python_function` that answers as
+    users expect (`stratoflow.tracking.serving_loader`), with its signature and input example.
+
+    Args:
+        run_id: the run's MLflow run.
+        model_path: the saved Keras model.
+        features: test features (`datasets.load_arrays`); the first two are the input example.
+        target: what the model predicts (task, class names).
+    """
     import keras
     import mlflow
     import tensorflow as tf
@@ -51,7 +65,10 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
         logger.info("model already logged for run %s: %s", run_id, existing)
         return str(existing)
     model = keras.models.load_model(model_path)
-    signature = infer_signature(input_example, model.predict(input_example, verbose=0))
+    config = _serving_config(model, features, target)
+    input_example = _input_example(features)
+    served = serving_loader.ServedModel(model, config)
+    signature = infer_signature(input_example, served.predict(input_example))
     requirements = [
         f"tensorflow-cpu=={tf.__version__}",
         f"keras=={keras.__version__}",
@@ -62,7 +79,7 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
         info = mlflow.models.Model.log(
             artifact_path=None,
             name="model",
-            flavor=_keras_flavor(),
+            flavor=_keras_flavor(config),
             model=model,
             signature=signature,
             input_example=input_example,
@@ -73,18 +90,63 @@ def log_model(run_id: str, model_path: str, input_example: Any) -> str:
     return str(info.model_uri)
 
 
-def _keras_flavor() -> Any:
-    """`mlflow.keras`, with the model folder created before the input example is written to it.
+def _serving_config(model: Any, features: Any, target: Target) -> dict[str, Any]:
+    del model
+    columns = []
+    if isinstance(features, dict):
+        columns = [
+            {"name": name, "kind": "categorical" if values.dtype.kind in "iu" else "numeric"}
+            for name, values in features.items()
+        ]
+    return {
+        "task": target.task,
+        "class_names": list(target.class_names),
+        "columns": columns,
+        "shape": [] if columns else list(features.shape[1:]),
+    }
+
+
+def _input_example(features: Any) -> Any:
+    """The first two examples: a DataFrame of the columns (tabular) or an array (images)."""
+    if isinstance(features, dict):
+        import pandas as pd
+
+        return pd.DataFrame({name: values[:2] for name, values in features.items()})
+    return features[:2]
+
+
+def _keras_flavor(config: dict[str, Any]) -> Any:
+    """`mlflow.keras`, answering `predict` through `serving_loader`, its folder made first.
 
     MLflow 3.17's keras `save_model` writes `input_example.json` before it creates the folder, so
     `mlflow.keras.log_model(..., input_example=...)` fails with FileNotFoundError. The model is
-    still saved by `mlflow.keras.save_model` and carries the `keras` flavor.
+    still saved by `mlflow.keras.save_model` and carries the `keras` flavor; its
+    `python_function` flavor then loads through a copy of `serving_loader` shipped in the model
+    (`code/`), with the task, class names and columns beside the Keras file.
     """
     import mlflow.keras
+    from mlflow.models.model import MLMODEL_FILE_NAME
 
     def save_model(path: str, **kwargs: Any) -> None:
         os.makedirs(path, exist_ok=True)
+        # The keras flavor accepts only tensor signatures; a tabular model's is a table of
+        # columns (what its served `predict` takes), so it is set after the keras save.
+        signature = kwargs.pop("signature", None)
         mlflow.keras.save_model(path=path, **kwargs)
+        mlflow_model = kwargs["mlflow_model"]
+        mlflow_model.signature = signature
+        pyfunc = mlflow_model.flavors["python_function"]
+        # The loader gets the keras flavor's data folder (the `.keras` file) as its path.
+        pyfunc["data"] = mlflow_model.flavors["keras"]["data"]
+        data = os.path.join(path, pyfunc["data"])
+        with open(os.path.join(data, serving_loader.SERVING_CONFIG), "w") as stream:
+            json.dump(config, stream)
+        code = os.path.join(path, "code")
+        os.makedirs(code, exist_ok=True)
+        shutil.copy(serving_loader.__file__, os.path.join(code, f"{SERVING_MODULE}.py"))
+        pyfunc["loader_module"] = SERVING_MODULE
+        pyfunc["code"] = "code"
+        mlflow_model.save(os.path.join(path, MLMODEL_FILE_NAME))
 
     return types.SimpleNamespace(__name__="mlflow.keras", save_model=save_model)
 

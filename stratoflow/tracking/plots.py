@@ -38,7 +38,8 @@ def training_curves(history: History, title: str = "") -> Any:
     plt = _pyplot()
     figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=CURVES_SIZE, dpi=DPI)
     epochs = [int(entry["epoch"]) for entry in history]
-    for axes, key in ((loss_axes, "loss"), (accuracy_axes, "accuracy")):
+    metric = epoch_metric_of(history)
+    for axes, key in ((loss_axes, "loss"), (accuracy_axes, metric)):
         axes.plot(epochs, [entry[key] for entry in history], "o-", label=f"train {key}")
         axes.plot(epochs, [entry[f"val_{key}"] for entry in history], "s--", label=f"val_{key}")
         axes.set_xlabel("epoch")
@@ -104,13 +105,14 @@ def validation_curves(runs: Sequence[tuple[str, History]]) -> Any:
     figure, (loss_axes, accuracy_axes) = plt.subplots(
         1, 2, figsize=(CURVES_SIZE[0], CURVES_SIZE[1] + 0.35 * len(runs)), dpi=DPI
     )
+    metric = "val_" + epoch_metric_of(runs[0][1] if runs else [])
     for index, (label, history) in enumerate(runs):
         epochs = [int(entry["epoch"]) for entry in history]
-        for axes, key in ((loss_axes, "val_loss"), (accuracy_axes, "val_accuracy")):
+        for axes, key in ((loss_axes, "val_loss"), (accuracy_axes, metric)):
             axes.plot(
                 epochs, [entry[key] for entry in history], "o-", color=f"C{index}", label=label
             )
-    for axes, key in ((loss_axes, "val_loss"), (accuracy_axes, "val_accuracy")):
+    for axes, key in ((loss_axes, "val_loss"), (accuracy_axes, metric)):
         axes.set_xlabel("epoch")
         axes.set_ylabel(key)
         axes.set_title(key)
@@ -132,6 +134,30 @@ def save_png(figure: Any, path: str | Path) -> Path:
     finally:
         plt.close(figure)
     return target
+
+
+def epoch_metric_of(history: History) -> str:
+    """The epoch metric a history holds besides the loss: `accuracy`, or `mae` (regression)."""
+    for entry in history:
+        for name in ("accuracy", "mae"):
+            if name in entry or f"val_{name}" in entry:
+                return name
+    return "accuracy"
+
+
+def residuals(predictions: Sequence[float], targets: Sequence[float], title: str = "") -> Any:
+    """A regression model's residuals (target - prediction) against its predictions."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=CURVES_SIZE, dpi=DPI)
+    errors = [float(t) - float(p) for p, t in zip(predictions, targets, strict=True)]
+    axes.scatter(list(predictions), errors, s=12, alpha=0.7)
+    axes.axhline(0.0, color="black", linewidth=1)
+    axes.set_xlabel("prediction")
+    axes.set_ylabel("residual (target - prediction)")
+    axes.set_title(title or "test residuals")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
 
 
 def _integer_ticks(axes: Any) -> None:

@@ -46,7 +46,9 @@ def describe_dag_run(pipeline: str, dag_id: str, run_id: str | None = None) -> d
         "mlflow_run_id": run.info.run_id,
         "status": run.info.status,
         "test_metrics": {
-            k: v for k, v in sorted(run.data.metrics.items()) if k in ("test_accuracy", "test_loss")
+            k: v
+            for k, v in sorted(run.data.metrics.items())
+            if k in ("test_accuracy", "test_loss", "test_mae", "test_rmse")
         },
         "registered_model": spec_model,
         "version": version,
@@ -167,7 +169,8 @@ def ui_command() -> str:
 
 def _validation_history(mlflow_client: Any, run_id: str) -> list[dict[str, float]]:
     by_epoch: dict[int, dict[str, float]] = {}
-    for key in ("val_loss", "val_accuracy"):
+    # `val_mae` for a regression pipeline: a run holds one of the two.
+    for key in ("val_loss", "val_accuracy", "val_mae"):
         for metric in mlflow_client.get_metric_history(run_id, key):
             by_epoch.setdefault(metric.step, {"epoch": metric.step})[key] = metric.value
     return [by_epoch[epoch] for epoch in sorted(by_epoch) if len(by_epoch[epoch]) == 3]

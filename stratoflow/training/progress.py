@@ -27,10 +27,11 @@ def format_epoch_line(metrics: Any, epochs: int, eta_seconds: float) -> str:
         eta_seconds: the estimated time until the last epoch ends.
     """
     eta = datetime.timedelta(seconds=round(max(eta_seconds, 0.0)))
+    name = getattr(metrics, "metric_name", "accuracy")
     return (
         f"epoch {metrics.epoch}/{epochs}: loss {metrics.loss:.4f}, "
-        f"accuracy {metrics.accuracy:.4f}, val_loss {metrics.val_loss:.4f}, "
-        f"val_accuracy {metrics.val_accuracy:.4f}, {metrics.examples_per_second:,.0f} examples/s, "
+        f"{name} {metrics.metric:.4f}, val_loss {metrics.val_loss:.4f}, "
+        f"val_{name} {metrics.val_metric:.4f}, {metrics.examples_per_second:,.0f} examples/s, "
         f"ETA {eta}"
     )
 

@@ -33,6 +33,7 @@ from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batche
 from stratoflow.distributed.cluster import workers_in_cluster
 from stratoflow.distributed.launcher import READY_MARKER
 from stratoflow.training.models import build_model
+from stratoflow.training.objectives import Objective, make_optimizer
 from stratoflow.training.strategies import is_chief, make_strategy, rejects_random_layers
 
 logger = logging.getLogger(__name__)
@@ -42,15 +43,32 @@ EVAL_BATCH_SIZE = 256
 
 @dataclass
 class EpochMetrics:
-    """What one epoch produced; `epoch` counts from 1 (it is the MLflow step)."""
+    """What one epoch produced; `epoch` counts from 1 (it is the MLflow step).
+
+    `metric` is the objective's epoch metric (`metric_name`: `accuracy` or `mae`) on the
+    training batches, `val_metric` on the validation split; `to_dict` names them so.
+    """
 
     epoch: int
     loss: float
-    accuracy: float
+    metric: float
     val_loss: float
-    val_accuracy: float
+    val_metric: float
     examples_per_second: float
     seconds: float
+    metric_name: str = "accuracy"
+
+    def to_dict(self) -> dict[str, float]:
+        """The history entry: `epoch`, `loss`, `<metric>`, `val_loss`, `val_<metric>`, ..."""
+        return {
+            "epoch": self.epoch,
+            "loss": self.loss,
+            self.metric_name: self.metric,
+            "val_loss": self.val_loss,
+            f"val_{self.metric_name}": self.val_metric,
+            "examples_per_second": self.examples_per_second,
+            "seconds": self.seconds,
+        }
 
 
 @dataclass
@@ -126,20 +144,22 @@ def train(
             f"batch_size {training.batch_size} must be divisible by the {replicas} replicas"
         )
 
+    objective = Objective(dataset.target.task)
     with strategy.scope():
         model = build_model(
             spec.model.builder,
-            dataset.image_shape,
-            dataset.num_classes,
+            dataset.features,
+            dataset.target,
             spec.model.hyperparameters,
+            spec.folder or None,
         )
-        optimizer = tf.keras.optimizers.Adam(training.learning_rate)
+        optimizer = make_optimizer(spec.optimizer, training.learning_rate)
         optimizer.build(model.trainable_variables)
         if training.loop == "fit":
             model.compile(
                 optimizer=optimizer,
-                loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=[tf.keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                loss=objective.keras_loss(),
+                metrics=[objective.keras_metric()],
             )
     if rejects_random_layers(training):
         _refuse_random_layers(model, training.strategy)
@@ -174,17 +194,29 @@ def train(
 
         run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
         if training.loop == "fit":
-            run_epoch = _FitEpoch(model, epoch_batches)
+            run_epoch = _FitEpoch(model, epoch_batches, objective.metric)
         elif training.strategy == "parameter_server":
             run_epoch = _ParameterServerEpoch(
-                strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+                strategy,
+                model,
+                optimizer,
+                training.batch_size,
+                epoch_batches,
+                steps_per_epoch,
+                objective,
             )
         else:
             run_epoch = _CustomLoopEpoch(
-                strategy, model, optimizer, training.batch_size, epoch_batches, steps_per_epoch
+                strategy,
+                model,
+                optimizer,
+                training.batch_size,
+                epoch_batches,
+                steps_per_epoch,
+                objective,
             )
             run_epoch.record_steps = record_steps
-        evaluate = _make_evaluator(model)
+        evaluate = _make_evaluator(model, objective)
 
         result = TrainingResult(
             model_path=str(run_dir / "model.keras"),
@@ -205,21 +237,22 @@ def train(
         train_start = time.perf_counter()
         for epoch in range(start_epoch + 1, training.epochs + 1):
             epoch_start = time.perf_counter()
-            loss, accuracy = run_epoch(epoch, lambda: _note_first_step(result, process_start))
+            loss, metric = run_epoch(epoch, lambda: _note_first_step(result, process_start))
             seconds = time.perf_counter() - epoch_start
             # Validation has no collective ops: the chief alone does it.
-            val_loss, val_accuracy = evaluate(validation) if chief else (float("nan"),) * 2
+            val_loss, val_metric = evaluate(validation) if chief else (float("nan"),) * 2
             metrics = EpochMetrics(
                 epoch=epoch,
                 loss=loss,
-                accuracy=accuracy,
+                metric=metric,
                 val_loss=val_loss,
-                val_accuracy=val_accuracy,
+                val_metric=val_metric,
                 examples_per_second=steps_per_epoch * training.batch_size / seconds,
                 seconds=seconds,
+                metric_name=objective.metric,
             )
             store.save(epoch, metrics)
-            result.history.append(asdict(metrics))
+            result.history.append(metrics.to_dict())
             if isinstance(run_epoch, _CustomLoopEpoch) and run_epoch.step_losses:
                 result.step_losses, run_epoch.record_steps = run_epoch.step_losses, 0
             if (
@@ -285,22 +318,26 @@ def _note_first_step(result: TrainingResult, process_start: float) -> None:
         result.seconds_to_first_step = time.time() - process_start
 
 
-def _make_step_fn(model: Any, optimizer: Any, global_batch_size: int) -> Callable[..., Any]:
-    """One replica's step: forward, loss scaled by the global batch, gradients applied."""
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+def _make_step_fn(
+    model: Any, optimizer: Any, global_batch_size: int, objective: Objective
+) -> Callable[..., Any]:
+    """One replica's step: forward, loss scaled by the global batch, gradients applied.
 
-    def step_fn(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    Returns the scaled loss and the batch's sum of the objective's epoch metric (e.g. the number
+    of correct predictions).
+    """
+
+    def step_fn(features: Any, targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            per_example_loss = loss_fn(labels, logits)
+            outputs = model(features, training=True)
+            per_example_loss = objective.per_example_loss(targets, outputs)
             loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=global_batch_size)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         gradients = tape.gradient(loss, model.trainable_variables)
         # The Keras 3 optimizer all-reduces the gradients across replicas itself.
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32))
-        return loss, correct
+        return loss, objective.metric_sum(targets, outputs)
 
     return step_fn
 
@@ -337,6 +374,7 @@ class _CustomLoopEpoch:
         global_batch_size: int,
         epoch_batches: Callable[[int], tf.data.Dataset],
         steps: int,
+        objective: Objective,
     ):
         self.strategy = strategy
         self.epoch_batches = epoch_batches
@@ -347,7 +385,7 @@ class _CustomLoopEpoch:
         self.distribute_input = strategy.num_replicas_in_sync > 1 or bool(
             tf.config.list_logical_devices("GPU")
         )
-        step_fn = _make_step_fn(model, optimizer, global_batch_size)
+        step_fn = _make_step_fn(model, optimizer, global_batch_size, objective)
 
         @tf.function
         def run_steps(
@@ -418,12 +456,13 @@ class _ParameterServerEpoch:
         global_batch_size: int,
         epoch_batches: Callable[[int], tf.data.Dataset],
         steps: int,
+        objective: Objective,
     ):
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         self.epoch_batches = epoch_batches
         self.steps = steps
         self.global_batch_size = global_batch_size
-        step_fn = _make_step_fn(model, optimizer, global_batch_size)
+        step_fn = _make_step_fn(model, optimizer, global_batch_size, objective)
         self.train_step = _make_train_step(strategy, step_fn)
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
@@ -445,9 +484,10 @@ class _ParameterServerEpoch:
 class _FitEpoch:
     """One epoch of Keras `fit` on the same batches the custom loop would see."""
 
-    def __init__(self, model: Any, epoch_batches: Callable[[int], tf.data.Dataset]):
+    def __init__(self, model: Any, epoch_batches: Callable[[int], tf.data.Dataset], metric: str):
         self.model = model
         self.epoch_batches = epoch_batches
+        self.metric = metric
 
     def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
         class FirstStep(tf.keras.callbacks.Callback):
@@ -458,28 +498,29 @@ class _FitEpoch:
         history = self.model.fit(
             self.epoch_batches(epoch), epochs=1, verbose=0, callbacks=[FirstStep()]
         )
-        return float(history.history["loss"][-1]), float(history.history["accuracy"][-1])
+        return float(history.history["loss"][-1]), float(history.history[self.metric][-1])
 
 
-def _make_evaluator(model: Any) -> Callable[[tf.data.Dataset], tuple[float, float]]:
-    """Mean loss and accuracy over a batched split: a plain forward pass, on every strategy."""
+def _make_evaluator(
+    model: Any, objective: Objective
+) -> Callable[[tf.data.Dataset], tuple[float, float]]:
+    """Mean loss and epoch metric over a batched split: a plain forward pass, on every strategy."""
 
     @tf.function
-    def batch_totals(images: tf.Tensor, labels: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        logits = model(images, training=False)
-        losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1), labels), tf.float32)
-        return tf.reduce_sum(losses), tf.reduce_sum(correct)
+    def batch_totals(features: Any, targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        outputs = model(features, training=False)
+        losses = objective.per_example_loss(targets, outputs)
+        return tf.reduce_sum(losses), objective.metric_sum(targets, outputs)
 
     def evaluate(batches: tf.data.Dataset) -> tuple[float, float]:
-        total_loss = total_correct = 0.0
+        total_loss = total_metric = 0.0
         count = 0
-        for images, labels in batches:
-            loss, correct = batch_totals(images, labels)
+        for features, targets in batches:
+            loss, metric = batch_totals(features, targets)
             total_loss += float(loss)
-            total_correct += float(correct)
-            count += int(labels.shape[0])
-        return total_loss / count, total_correct / count
+            total_metric += float(metric)
+            count += int(targets.shape[0])
+        return total_loss / count, total_metric / count
 
     return evaluate
 
@@ -512,7 +553,7 @@ class _CheckpointStore:
         return int(self.epoch.numpy())
 
     def save(self, epoch: int, metrics: EpochMetrics) -> None:
-        self.history.append(asdict(metrics))
+        self.history.append(metrics.to_dict())
         if self.writes_history:
             # History first: `restore` drops entries past the last checkpoint, so a crash between
             # the two writes redoes the epoch instead of resuming without its metrics.

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
 from stratoflow.config.training import check_training, resolve_training
-from stratoflow.training.models import MODEL_BUILDERS, has_random_layers
+from stratoflow.training.models import MODEL_BUILDERS, check_hyperparameters, has_random_layers
+
+if TYPE_CHECKING:
+    from stratoflow.data.datasets import DatasetRef
 
 
 def load_pipeline(name: str) -> PipelineSpec:
@@ -29,7 +32,7 @@ def load_pipeline(name: str) -> PipelineSpec:
         SpecError: no such pipeline, or an invalid key, value or model (named in the message).
     """
     spec = load_spec(name)
-    check_model(spec, f"{name}.yaml: training")
+    check_model(spec, f"{spec.source}: training")
     return spec
 
 
@@ -62,10 +65,17 @@ def check_model(spec: PipelineSpec, where: str = "training") -> None:
     exactly when its `dropout` hyperparameter is non-zero (`models.has_random_layers`).
     """
     builder = spec.model.builder
-    if builder not in MODEL_BUILDERS:
+    if ":" not in builder and builder not in MODEL_BUILDERS:
         raise SpecError(
-            f"{where.split(':')[0]}: model.builder {builder!r} is not a known model builder; "
-            f"allowed: {', '.join(sorted(MODEL_BUILDERS))}"
+            f"{where.rsplit(':', 1)[0]}: model.builder {builder!r} is not a known model builder; "
+            f"allowed: {', '.join(sorted(MODEL_BUILDERS))}, or an import path 'module:function'"
+        )
+    if ":" not in builder:  # a bundled builder's signature needs no import of the pipeline's code
+        check_hyperparameters(
+            MODEL_BUILDERS[builder],
+            spec.model.hyperparameters,
+            builder,
+            where.rsplit(":", 1)[0] + ": model",
         )
     if spec.training.strategy == "central_storage" and has_random_layers(
         builder, spec.model.hyperparameters
@@ -76,3 +86,82 @@ def check_model(spec: PipelineSpec, where: str = "training") -> None:
             f"{spec.model.hyperparameters.get('dropout')}), and TensorFlow's CentralStorage fails "
             "on layers that draw random numbers; choose another strategy, e.g. 'mirrored'"
         )
+
+
+def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
+    """Check the pipeline's own code against its prepared data, before any training.
+
+    Imports the model builder and the preprocessing function (never done at DAG parse time),
+    checks the hyperparameter names against the builder's signature and the optimizer's
+    arguments against the Keras optimizer, builds the model and runs it on two training examples:
+    a builder that raises or returns no Keras model, features the model cannot take, or outputs
+    that do not fit the target fail here, in the run's first task, without a retry.
+
+    Raises:
+        SpecError: naming the pipeline file and the field.
+    """
+    import keras
+    import tensorflow as tf
+
+    from stratoflow.data.datasets import load_split
+    from stratoflow.training import objectives
+    from stratoflow.training.models import build_model
+
+    source = spec.source
+    try:
+        objectives.make_optimizer(spec.optimizer, spec.training.learning_rate)
+    except (TypeError, ValueError) as error:
+        raise SpecError(f"{source}: optimizer: {error}") from None
+    try:
+        model = build_model(
+            spec.model.builder,
+            dataset.features,
+            dataset.target,
+            spec.model.hyperparameters,
+            spec.folder or None,
+        )
+    except SpecError as error:
+        raise SpecError(f"{source}: {error}") from None
+    try:
+        inputs, targets = next(iter(load_split(dataset, "train").batch(2)))
+    except SpecError as error:
+        raise SpecError(f"{source}: {error}") from None
+    except (tf.errors.OpError, TypeError, ValueError) as error:
+        raise SpecError(
+            f"{source}: dataset.preprocess {spec.dataset.preprocess!r} failed on the training "
+            f"examples: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
+        ) from None
+    try:
+        outputs = model(inputs, training=False)
+    except Exception as error:
+        raise SpecError(
+            f"{source}: model.builder {spec.model.builder!r}: the model cannot take the "
+            f"dataset's features ({dataset.features.kind}: "
+            f"{_describe_inputs(inputs)}): {type(error).__name__}: "
+            f"{' '.join(str(error).split())[:600]}"
+        ) from None
+    expected = (int(targets.shape[0]), dataset.target.num_outputs)
+    if not isinstance(outputs, tf.Tensor | keras.KerasTensor) and not hasattr(outputs, "shape"):
+        raise SpecError(
+            f"{source}: model.builder {spec.model.builder!r}: the model returns "
+            f"{type(outputs).__name__}; it must return one tensor of shape (batch, outputs)"
+        )
+    if tuple(outputs.shape) != expected:
+        raise SpecError(
+            f"{source}: model.builder {spec.model.builder!r}: the model outputs shape "
+            f"{tuple(outputs.shape)} for {expected[0]} examples; the {dataset.target.task} "
+            f"target needs ({expected[0]}, {expected[1]}): "
+            + (
+                "one logit per class"
+                if dataset.target.task == "classification"
+                else "one value per regression target"
+            )
+        )
+
+
+def _describe_inputs(inputs: Any) -> str:
+    if isinstance(inputs, dict):
+        return ", ".join(
+            f"{key} {value.dtype.name}{list(value.shape)}" for key, value in inputs.items()
+        )
+    return f"{inputs.dtype.name}{list(inputs.shape)}"

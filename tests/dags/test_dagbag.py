@@ -91,13 +91,11 @@ _PARSE_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def parsed(session_home: Path) -> dict[str, Any]:
-    """What a fresh Airflow process sees when it parses `dags/`."""
+def _parse(session_home: Path, heavy: list[str], **env: str) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="airflow-dagbag-", dir=session_home))
     result = subprocess.run(
-        [sys.executable, "-c", _PARSE_SCRIPT, str(settings.DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=airflow_setup.airflow_env(home),
+        [sys.executable, "-c", _PARSE_SCRIPT, str(settings.DAGS_FOLDER), ",".join(heavy)],
+        env={**airflow_setup.airflow_env(home), **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -107,6 +105,79 @@ def parsed(session_home: Path) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def parsed(session_home: Path) -> dict[str, Any]:
+    """What a fresh Airflow process sees when it parses `dags/`."""
+    return _parse(session_home, HEAVY_MODULES)
+
+
+USER_MODEL = """
+import tensorflow  # parsing must never import this module, so never TensorFlow through it
+
+def build(features, target, width=8):
+    raise AssertionError("not called at parse time")
+"""
+
+
+def _user_pipeline(folder: Path, builder: str) -> Path:
+    """A pipeline folder of its own: the mnist spec with `model.builder` replaced."""
+    folder.mkdir(parents=True)
+    spec = (settings.PROJECT_ROOT / "pipelines" / "mnist" / "pipeline.yaml").read_text()
+    spec = spec.replace("builder: small_cnn", f"builder: {builder!r}")
+    spec = spec.replace("filters: [32, 64], dense_units: 128, dropout: 0.0", "width: 4")
+    (folder / "pipeline.yaml").write_text(spec.replace("stratoflow-mnist", f"my-{folder.name}"))
+    (folder / "model.py").write_text(USER_MODEL)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def parsed_with_user_pipelines(session_home: Path, tmp_path_factory) -> dict[str, Any]:
+    """`dags/` parsed with two entries on STRATOFLOW_PIPELINES_PATH: a folder of pipelines (one
+    good, one broken) and a single pipeline folder whose name clashes with a bundled one."""
+    team = tmp_path_factory.mktemp("team-pipelines")
+    _user_pipeline(team / "mine", "model:build")
+    broken = _user_pipeline(team / "broken", "model build")  # not an import path
+    clash = _user_pipeline(tmp_path_factory.mktemp("other") / "digits", "model:build")
+    parsed = _parse(
+        session_home,
+        [*HEAVY_MODULES, "stratoflow_pipeline_mine", "stratoflow_pipeline_broken"],
+        STRATOFLOW_PIPELINES_PATH=f"{team}:{clash}",
+    )
+    parsed["files"] = {"broken": str(broken / "pipeline.yaml"), "clash": str(clash)}
+    return parsed
+
+
+def test_a_pipeline_on_the_path_gets_its_dags_without_its_code_imported(
+    parsed_with_user_pipelines: dict[str, Any],
+) -> None:
+    parsed = parsed_with_user_pipelines
+    assert {"retrain_mine", "benchmark_strategies_mine", "retrain_mnist"} <= set(parsed["dags"])
+    assert parsed["dags"]["retrain_mine"]["task_order"] == TASK_IDS
+    # Neither its module (which imports TensorFlow) nor anything heavy was imported.
+    assert parsed["heavy_modules"] == []
+
+
+def test_a_broken_pipeline_is_an_import_error_naming_its_file_and_field_and_the_rest_parse(
+    parsed_with_user_pipelines: dict[str, Any],
+) -> None:
+    parsed = parsed_with_user_pipelines
+    errors = parsed["import_errors"]
+    retrain_error = next(text for path, text in errors.items() if path.endswith("retrain.py"))
+    assert (
+        f"pipeline 'broken': {parsed['files']['broken']}: model.builder 'model build' is not a "
+        "known model builder; allowed: mlp, small_cnn, or an import path 'module:function'"
+    ) in retrain_error
+    # Two folders named digits: neither wins, the error names both.
+    assert "pipeline name 'digits' is claimed by 2 folders" in retrain_error
+    assert parsed["files"]["clash"] in retrain_error
+    assert "retrain_broken" not in parsed["dags"] and "retrain_digits" not in parsed["dags"]
+    # Every other pipeline still has its DAGs.
+    assert {"retrain_mnist", "retrain_penguins", "retrain_diabetes", "retrain_mine"} <= set(
+        parsed["dags"]
+    )
+    assert not any(dag_id.endswith("broken_pipelines") for dag_id in parsed["dags"])
+
+
 def test_no_import_errors(parsed: dict[str, Any]) -> None:
     assert parsed["import_errors"] == {}
 
@@ -114,20 +185,26 @@ def test_no_import_errors(parsed: dict[str, Any]) -> None:
 def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
     parsed: dict[str, Any],
 ) -> None:
-    assert set(list_pipelines()) == {"mnist", "digits"}
+    assert set(list_pipelines()) == {"mnist", "digits", "penguins", "diabetes"}
     assert sorted(parsed["dags"]) == [
         "benchmark_strategies_digits",
         "benchmark_strategies_mnist",
+        "benchmark_strategies_penguins",  # none for diabetes: regression
+        "refresh_stratoflow_diabetes",
         "refresh_stratoflow_digits",
         "refresh_stratoflow_mnist5k",
+        "refresh_stratoflow_penguins",
+        "retrain_diabetes",
         "retrain_digits",
         "retrain_mnist",
+        "retrain_penguins",
     ]
     # The runner and the assets module find the DAGs by the same naming rules.
     retrain = sorted(d for d in parsed["dags"] if d.startswith("retrain_"))
     benchmark = sorted(d for d in parsed["dags"] if d.startswith("benchmark_strategies_"))
     assert sorted(names.retrain_dag_id(name) for name in list_pipelines()) == retrain
-    assert sorted(names.benchmark_dag_id(name) for name in list_pipelines()) == benchmark
+    classifiers = [name for name in list_pipelines() if load_spec(name).task == "classification"]
+    assert sorted(names.benchmark_dag_id(name) for name in classifiers) == benchmark
     assert sorted(names.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
         set(parsed["dags"]) - set(retrain) - set(benchmark)
     )
@@ -264,7 +341,8 @@ def test_every_params_default_makes_a_valid_trigger_form(parsed: dict[str, Any])
         for dag_id in parsed["dags"]
         if dag_id.startswith(("retrain_", "benchmark_strategies_"))
     ]
-    assert len(dag_ids) == 2 * len(list_pipelines())
+    # A benchmark DAG per classification pipeline (all but diabetes).
+    assert len(dag_ids) == 2 * len(list_pipelines()) - 1
     errors = {
         dag_id: found
         for dag_id in dag_ids

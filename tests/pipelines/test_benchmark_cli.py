@@ -62,6 +62,13 @@ def test_bad_benchmark_conf_is_refused_before_airflow_starts(
     assert runner.run_benchmark("digits", conf) == 1
 
 
+def test_a_regression_pipeline_has_no_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "ensure_airflow_db", _must_not_run)
+    with pytest.raises(SpecError, match=r"'diabetes' is a regression pipeline: the strategy"):
+        runner.check_benchmark_conf("diabetes", {})
+    assert runner.run_benchmark("diabetes", {}) == 1
+
+
 def test_good_benchmark_conf_passes() -> None:
     runner.check_benchmark_conf(
         "mnist", {"epochs": 2, "seed": 1, "strategies": ["tpu", "one_device"], "tolerance": 0.0}

@@ -44,7 +44,8 @@ def test_unknown_pipeline_is_a_usage_error_listing_the_pipelines(
         main.main([command, "nope"])
 
     assert exit_info.value.code == 2
-    assert "unknown pipeline 'nope'; available: digits, mnist" in capsys.readouterr().err
+    listed = "unknown pipeline 'nope'; available: diabetes, digits, mnist, penguins"
+    assert listed in capsys.readouterr().err
 
 
 def test_bad_strategy_is_refused_by_argparse(
@@ -228,3 +229,40 @@ def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
 ) -> None:
     assert main.main(["compare", "digits", "--run", "0" * 32]) == 1
     assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text
+
+
+# --- stratoflow new-pipeline -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", ["starter", "penguins"])
+def test_new_pipeline_writes_a_folder_that_loads(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    example: str,
+) -> None:
+    from stratoflow.config.spec import list_pipelines
+    from stratoflow.training.validation import resolve_run
+
+    assert main.main(["new-pipeline", "mine", "--from", example, "--dir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"export STRATOFLOW_PIPELINES_PATH={tmp_path}" in printed
+    assert "stratoflow run mine" in printed
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
+    assert "mine" in list_pipelines()
+    spec = resolve_run("mine", {})
+    assert spec.registered_model == "mine"
+    assert spec.folder == str(tmp_path / "mine")
+    # Its own code and data are checked in tests/tasks/test_own_code.py (TensorFlow).
+    # Written once: a second time is refused.
+    assert main.main(["new-pipeline", "mine", "--dir", str(tmp_path)]) == 1
+    assert "exists already; choose another name or --dir" in caplog.text
+
+
+def test_new_pipeline_refuses_a_name_that_cannot_be_a_pipeline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert main.main(["new-pipeline", "my-model", "--dir", str(tmp_path)]) == 1
+    assert "pipeline name 'my-model' is not valid" in caplog.text
+    assert list(tmp_path.iterdir()) == []

@@ -124,7 +124,12 @@ def test_dataset_assets_are_named_after_the_tfds_dataset() -> None:
     assert names.asset_uri("stratoflow_digits") == "x-tfds://stratoflow_digits"
     assert assets.dataset_asset("stratoflow_digits").name == "stratoflow_digits"
     assert names.refresh_dag_id("stratoflow_digits") == "refresh_stratoflow_digits"
-    assert sorted(assets.datasets_in_use()) == ["stratoflow_digits", "stratoflow_mnist5k"]
+    assert sorted(assets.datasets_in_use()) == [
+        "stratoflow_diabetes",
+        "stratoflow_digits",
+        "stratoflow_mnist5k",
+        "stratoflow_penguins",
+    ]
     assert assets.pipelines_reading("stratoflow_mnist5k") == ["mnist"]
 
 

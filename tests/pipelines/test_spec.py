@@ -18,7 +18,7 @@ from stratoflow.training.validation import check_model, load_pipeline, resolve_r
 
 
 def _mnist_data() -> dict[str, Any]:
-    return yaml.safe_load((SPECS_DIR / "mnist.yaml").read_text())
+    return yaml.safe_load((SPECS_DIR / "mnist" / "pipeline.yaml").read_text())
 
 
 def _with(path: str, value: Any) -> dict[str, Any]:
@@ -32,8 +32,8 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return data
 
 
-def test_the_shipped_pipelines_are_mnist_and_digits() -> None:
-    assert list_pipelines() == ["digits", "mnist"]
+def test_the_shipped_pipelines() -> None:
+    assert list_pipelines() == ["diabetes", "digits", "mnist", "penguins"]
 
 
 @pytest.mark.parametrize("name", ["mnist", "digits"])
@@ -58,7 +58,8 @@ def test_spec_values_are_read_from_the_file() -> None:
 
 
 def test_unknown_pipeline_lists_the_available_ones() -> None:
-    with pytest.raises(SpecError, match=r"unknown pipeline 'nope'; available: digits, mnist"):
+    listed = r"unknown pipeline 'nope'; available: diabetes, digits, mnist, penguins"
+    with pytest.raises(SpecError, match=listed):
         load_spec("nope")
 
 
@@ -77,8 +78,8 @@ def test_unknown_pipeline_lists_the_available_ones() -> None:
         ("training.replicas", 3, r"training\.replicas 3 is not allowed; allowed: 1, 2, 4, 8"),
         ("training.epochs", 0, r"training\.epochs must be >= 1"),
         ("training.learning_rate", 0, r"training\.learning_rate must be within \(0, 1\]"),
-        ("evaluation.min_accuracy", 1.5, r"evaluation\.min_accuracy must be within \[0, 1\]"),
-        ("evaluation.min_accuracy", float("nan"), r"evaluation\.min_accuracy: expected a finite"),
+        ("evaluation.min", 1.5, r"evaluation\.min must be within \[0, 1\]"),
+        ("evaluation.min", float("nan"), r"evaluation\.min: expected a finite"),
         ("evaluation.max_regression", float("inf"), r"max_regression: expected a finite number"),
         ("dataset.splits", {"train": "train"}, r"dataset\.splits lacks test, validation"),
     ],
@@ -199,3 +200,15 @@ def test_dag_params_cover_every_training_setting(name: str) -> None:
     assert params["strategy"]["enum"] == list(STRATEGIES)
     assert params["loop"]["enum"] == list(LOOPS)
     assert params["replicas"]["enum"] == list(REPLICA_CHOICES)
+
+
+def test_a_bundled_builders_unknown_hyperparameter_is_refused_with_the_dag() -> None:
+    spec = parse_spec(
+        "mnist", _with("model.hyperparameters.filter", [8]), source="/p/pipeline.yaml"
+    )
+    with pytest.raises(
+        SpecError,
+        match=r"^/p/pipeline\.yaml: model\.hyperparameters: 'filter' is not a hyperparameter of "
+        r"'small_cnn'; allowed: filters, dense_units, dropout$",
+    ):
+        check_model(spec, "/p/pipeline.yaml: training")

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 
+from stratoflow.config.features import Features
 from stratoflow.config.settings import PROJECT_ROOT
 from stratoflow.config.spec import DatasetSpec, load_spec
 
@@ -46,8 +47,8 @@ def _all_arrays(ref):
 
 def test_mnist5k_is_5000_digits_split_400_50_50_per_class(mnist_ref):
     assert mnist_ref.split_sizes == {"train": 4000, "validation": 500, "test": 500}
-    assert mnist_ref.image_shape == [28, 28, 1]
-    assert mnist_ref.num_classes == 10
+    assert mnist_ref.features == Features("image", shape=(28, 28, 1))
+    assert mnist_ref.target.num_outputs == 10
     assert mnist_ref.class_names == [str(digit) for digit in range(10)]
 
     arrays = _all_arrays(mnist_ref)
@@ -68,7 +69,7 @@ def test_digits_holds_every_sklearn_digit_scaled_to_unit_range(digits_ref):
     from sklearn.datasets import load_digits
 
     assert sum(digits_ref.split_sizes.values()) == 1797
-    assert digits_ref.image_shape == [8, 8, 1]
+    assert digits_ref.features.shape == (8, 8, 1)
     arrays = _all_arrays(digits_ref)
 
     source = load_digits()

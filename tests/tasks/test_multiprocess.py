@@ -53,7 +53,7 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
     assert sorted(m.step for m in history) == [1, 2, 3, 4]  # logged by the chief only, once
     values = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert values[-1] < values[0]
-    assert evaluated.test_accuracy > 0.85
+    assert evaluated.test_metrics["test_accuracy"] > 0.85
     assert cluster_children() == []
     # The chief describes the cluster it trained in: its jobs, their addresses, its own task.
     environment = mlflow_runs.client().download_artifacts(
@@ -76,6 +76,35 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
             "ckpt-3.index",
             "ckpt-4.index",
         ]
+
+
+# The tabular pipelines' data and models (dicts of columns, a regression target) under the
+# cluster strategies; one pipeline each keeps the suite short: the other pairs share the code.
+@pytest.mark.parametrize(
+    ("pipeline", "strategy"),
+    [("penguins", "parameter_server"), ("diabetes", "multi_worker_mirrored")],
+)
+def test_tabular_pipelines_train_under_the_cluster_strategies(
+    tf_runtime, private_tmpdir, pipeline, strategy
+):
+    from stratoflow.tracking import mlflow_runs
+    from tasks import evaluate, prepare, train
+
+    run = new_run(pipeline)
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 20}
+    prepared = prepare.prepare(pipeline, params, run)
+    trained = train.train(run, prepared)
+    evaluated = evaluate.evaluate(run, prepared, trained)
+
+    metric = "val_accuracy" if pipeline == "penguins" else "val_mae"
+    history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, metric)
+    assert sorted(m.step for m in history) == list(range(1, 21))
+    if pipeline == "penguins":
+        assert evaluated.test_metrics["test_accuracy"] >= 0.9
+    else:
+        assert evaluated.test_metrics["test_mae"] <= 50.0
+    assert evaluated.gate.passed, evaluated.gate.reasons
+    assert cluster_children() == []
 
 
 @pytest.mark.parametrize(

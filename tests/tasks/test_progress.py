@@ -14,9 +14,9 @@ def metrics(epoch: int, seconds: float = 2.0) -> EpochMetrics:
     return EpochMetrics(
         epoch=epoch,
         loss=0.12345,
-        accuracy=0.96123,
+        metric=0.96123,
         val_loss=0.2,
-        val_accuracy=0.95,
+        val_metric=0.95,
         examples_per_second=4210.4,
         seconds=seconds,
     )

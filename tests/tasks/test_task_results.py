@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from stratoflow.config.features import Features, Target
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.evaluation import GateDecision
 from tasks.evaluate import Evaluation
@@ -31,9 +32,8 @@ DATASET = DatasetRef(
     data_dir="/data/tfds",
     splits={"train": "train", "validation": "validation", "test": "test"},
     split_sizes={"train": 1439, "validation": 179, "test": 179},
-    image_shape=[8, 8, 1],
-    num_classes=10,
-    class_names=[str(k) for k in range(10)],
+    features=Features("image", shape=(8, 8, 1)),
+    target=Target("classification", class_names=tuple(str(k) for k in range(10))),
     fingerprint="ab" * 32,
     built=False,
 )
@@ -55,13 +55,12 @@ def examples() -> list[Any]:
         ),
         Evaluation(
             mlflow_run_id="r1",
-            test_loss=0.2,
-            test_accuracy=0.94,
+            test_metrics={"test_loss": 0.2, "test_accuracy": 0.94},
             gate=GateDecision(
                 passed=False,
                 reasons=["test_accuracy 0.9400 < champion 0.9600 - 0.0"],
                 champion_version="3",
-                champion_accuracy=0.96,
+                champion_value=0.96,
             ),
         ),
         Registration(
@@ -117,12 +116,12 @@ def test_the_xcom_keys_a_rest_client_reads_are_kept() -> None:
         "resumed_from_epoch",
         "final_epoch",
     }
-    assert set(evaluated) == {"mlflow_run_id", "test_loss", "test_accuracy", "gate"}
+    assert set(evaluated) == {"mlflow_run_id", "test_metrics", "gate"}
     assert set(evaluated["gate"]) == {
         "passed",
         "reasons",
         "champion_version",
-        "champion_accuracy",
+        "champion_value",
     }
     assert set(registered) == {
         "registered_model",

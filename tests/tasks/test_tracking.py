@@ -7,7 +7,10 @@ import uuid
 import numpy as np
 import pytest
 
+from stratoflow.config.features import Features, Target
 from stratoflow.config.spec import load_spec
+
+DIGITS = Target("classification", class_names=tuple(str(k) for k in range(10)))
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,7 @@ def saved_model(tf_runtime, tmp_path_factory):
     from stratoflow.training.models import mlp
 
     path = tmp_path_factory.mktemp("model") / "model.keras"
-    mlp((8, 8, 1), 10, hidden_units=[8]).save(path)
+    mlp(Features("image", shape=(8, 8, 1)), DIGITS, hidden_units=[8]).save(path)
     return str(path)
 
 
@@ -73,12 +76,14 @@ def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_re
     name = f"test-model-{uuid.uuid4().hex[:8]}"
     example = np.zeros((2, 8, 8, 1), dtype="float32")
     first_run, second_run = new_run(digits_ref), new_run(digits_ref)
-    first_uri = model_registry.log_model(first_run, saved_model, example)
-    assert model_registry.log_model(first_run, saved_model, example) == first_uri  # logged once
+    first_uri = model_registry.log_model(first_run, saved_model, example, DIGITS)
+    assert (
+        model_registry.log_model(first_run, saved_model, example, DIGITS) == first_uri
+    )  # logged once
     first = model_registry.register(name, first_run, first_uri, promote=True, tags={})
     assert (first.version, first.aliases) == ("1", ["challenger", "champion"])
 
-    second_uri = model_registry.log_model(second_run, saved_model, example)
+    second_uri = model_registry.log_model(second_run, saved_model, example, DIGITS)
     second = model_registry.register(name, second_run, second_uri, promote=False, tags={})
     again = model_registry.register(name, second_run, second_uri, promote=False, tags={})
     assert second.version == again.version == "2"
@@ -93,6 +98,14 @@ def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_re
 
     info = mlflow.models.get_model_info(first_uri)
     assert "keras" in info.flavors
+    # The served model answers with class probabilities and the predicted class.
+    answer = mlflow.pyfunc.load_model(first_uri).predict(example)
+    assert list(answer.columns) == [
+        *(f"probability_{k}" for k in range(10)),
+        "predicted_class",
+        "predicted_class_id",
+    ]
+    assert np.allclose(answer.filter(like="probability_").sum(axis=1), 1.0, atol=1e-5)
     assert info.signature.inputs.to_dict()[0]["tensor-spec"]["shape"] == (-1, 8, 8, 1)
     assert info.saved_input_example_info is not None
 
@@ -106,9 +119,9 @@ def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref
     example = np.zeros((2, 8, 8, 1), dtype="float32")
     good_run = new_run(digits_ref)
     model_registry.register(
-        name, good_run, model_registry.log_model(good_run, saved_model, example), True, {}
+        name, good_run, model_registry.log_model(good_run, saved_model, example, DIGITS), True, {}
     )
-    other_uri = model_registry.log_model(new_run(digits_ref), saved_model, example)
+    other_uri = model_registry.log_model(new_run(digits_ref), saved_model, example, DIGITS)
     # A run id the store does not know: the version is created, then tagging the run fails.
     with pytest.raises(MlflowException, match=f"Run with id={'0' * 32} not found") as error:
         model_registry.register(name, "0" * 32, other_uri, promote=True, tags={})
@@ -127,7 +140,9 @@ def test_champion_reads_the_champion_runs_test_accuracy(digits_ref, saved_model)
     assert mlflow_runs.champion(name) is None
     run_id = new_run(digits_ref)
     mlflow_runs.log_metrics(run_id, {"test_accuracy": 0.97})
-    uri = model_registry.log_model(run_id, saved_model, np.zeros((1, 8, 8, 1), dtype="float32"))
+    uri = model_registry.log_model(
+        run_id, saved_model, np.zeros((1, 8, 8, 1), dtype="float32"), DIGITS
+    )
     model_registry.register(name, run_id, uri, promote=True, tags={})
     assert mlflow_runs.champion(name) == ("1", pytest.approx(0.97))
 
@@ -156,7 +171,7 @@ def test_deleting_a_failed_runs_version_gives_champion_back_to_the_previous_one(
     name = f"test-model-{uuid.uuid4().hex[:8]}"
     example = np.zeros((2, 8, 8, 1), dtype="float32")
     runs = [new_run(digits_ref) for _ in range(3)]
-    uris = [model_registry.log_model(run, saved_model, example) for run in runs]
+    uris = [model_registry.log_model(run, saved_model, example, DIGITS) for run in runs]
     model_registry.register(name, runs[0], uris[0], promote=True, tags={})
     model_registry.register(name, runs[1], uris[1], promote=False, tags={})
     model_registry.register(name, runs[2], uris[2], promote=True, tags={})

@@ -1,0 +1,246 @@
+"""A user's own pipelines, run end to end through Airflow (`airflow dags test`, as `make run`
+does): one written into a folder outside the repository (its own model module, its own image
+folder of PNG files read with TFDS's `ImageFolder`, its own preprocessing) and found through
+`STRATOFLOW_PIPELINES_PATH`, under `one_device` and `multi_worker_mirrored`; and the bundled
+regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
+with predictions. A broken user pipeline is tested where Airflow parses it
+(`tests/dags/test_dagbag.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stratoflow.cli import runner
+from stratoflow.config import names, settings
+
+pytestmark = pytest.mark.integration
+
+SIZE = 12
+CLASSES = ("horizontal", "vertical")
+PER_SPLIT = {"train": 48, "validation": 12, "test": 12}
+
+SHAPES_YAML = """\
+description: Bars in 12x12 PNG images, horizontal or vertical; a user's own pipeline.
+task: classification
+dataset:
+  name: shapes_bars
+  image_folder: images
+  image_shape: [12, 12, 1]
+  preprocess: "augment:centre"
+model:
+  builder: "bars_model:build"
+  hyperparameters: {filters: 4}
+optimizer: {name: sgd, momentum: 0.9}
+training:
+  epochs: 4
+  batch_size: 16
+  learning_rate: 0.05
+evaluation: {metric: test_accuracy, min: 0.8, max_regression: 0.2}
+registered_model: test-shapes-bars
+schedule: null
+retries: 0
+"""
+
+BARS_MODEL = '''
+import keras
+
+
+def build(features, target, filters=4):
+    """A user's model: one convolution, then logits per class."""
+    return keras.Sequential(
+        [
+            keras.Input(shape=features.shape),
+            keras.layers.Conv2D(filters, 3, activation="relu"),
+            keras.layers.GlobalMaxPooling2D(),
+            keras.layers.Dense(target.num_outputs),
+        ]
+    )
+'''
+
+AUGMENT = '''
+def centre(image, label):
+    """A user's preprocessing: pixel values around 0 instead of in [0, 1]."""
+    return image - 0.5, label
+'''
+
+
+def _write_images(root: Path) -> None:
+    """PNG files `root/<split>/<class>/<n>.png`: a bright bar on noise, across or down."""
+    from PIL import Image
+
+    generator = np.random.default_rng(7)
+    for split, count in PER_SPLIT.items():
+        for label, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(count // len(CLASSES)):
+                pixels = generator.integers(0, 60, size=(SIZE, SIZE), dtype=np.uint8)
+                line = generator.integers(2, SIZE - 2)
+                if label == 0:
+                    pixels[line, 1:-1] = 255
+                else:
+                    pixels[1:-1, line] = 255
+                Image.fromarray(pixels, mode="L").save(folder / f"{index}.png")
+
+
+@pytest.fixture(scope="module")
+def own_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A team's folder of pipelines, outside the repository, on STRATOFLOW_PIPELINES_PATH."""
+    team = tmp_path_factory.mktemp("team-pipelines")
+    assert settings.PROJECT_ROOT not in team.parents
+    shapes = team / "shapes"
+    shapes.mkdir()
+    (shapes / "pipeline.yaml").write_text(SHAPES_YAML)
+    (shapes / "bars_model.py").write_text(BARS_MODEL)
+    (shapes / "augment.py").write_text(AUGMENT)
+    _write_images(shapes / "images")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("STRATOFLOW_PIPELINES_PATH", str(team))
+        yield team
+
+
+@pytest.fixture(scope="module")
+def mlflow_client(tmp_path_factory):
+    from stratoflow.tracking import mlflow_runs
+
+    store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        yield mlflow_runs.client()
+
+
+def _runs(mlflow_client, pipeline: str) -> list:
+    experiment = mlflow_client.get_experiment_by_name(names.experiment_name(pipeline))
+    return mlflow_client.search_runs(
+        [experiment.experiment_id], order_by=["attributes.start_time ASC"]
+    )
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [{}, {"strategy": "multi_worker_mirrored", "workers": 2}],
+    ids=["one_device", "multi_worker_mirrored"],
+)
+def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
+    own_pipelines, mlflow_client, conf
+):
+    import mlflow
+
+    from stratoflow.data.datasets import load_arrays
+
+    assert runner.run_pipeline("shapes", conf) == 0
+    run = _runs(mlflow_client, "shapes")[-1]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["strategy"] == conf.get("strategy", "one_device")
+    assert run.data.tags["num_workers"] == str(conf.get("workers", 1))
+    assert run.data.params["model.builder"] == "bars_model:build"
+    assert run.data.params["optimizer.name"] == "sgd"
+    assert run.data.metrics["test_accuracy"] >= 0.8
+    assert run.data.tags["gate.passed"] == "True"
+    # The MLflow input is the image folder itself, with its fingerprint.
+    (dataset_input,) = run.inputs.dataset_inputs
+    assert str(own_pipelines / "shapes" / "images") in dataset_input.dataset.source
+    version = run.data.tags[names.VERSION_TAG]
+    champion = mlflow_client.get_model_version_by_alias("test-shapes-bars", "champion")
+    assert str(champion.version) == version
+
+    # The served champion answers with class probabilities and the class, on the same images
+    # the pipeline reads (preprocessing included: the model was trained on centred pixels).
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.validation import resolve_run
+
+    spec = resolve_run("shapes", {})
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    images, labels = load_arrays(reference, "test")
+    answer = mlflow.pyfunc.load_model("models:/test-shapes-bars@champion").predict(images)
+    assert list(answer.columns) == [
+        "probability_horizontal",
+        "probability_vertical",
+        "predicted_class",
+        "predicted_class_id",
+    ]
+    assert (answer["predicted_class_id"].to_numpy() == labels).mean() >= 0.8
+    assert set(answer["predicted_class"]) <= set(CLASSES)
+
+
+def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_client):
+    import mlflow
+
+    from stratoflow.data.datasets import load_arrays, prepare_dataset
+    from stratoflow.training.validation import resolve_run
+
+    assert runner.run_pipeline("diabetes", {"epochs": 30}) == 0
+    (run,) = _runs(mlflow_client, "diabetes")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["gate.passed"] == "True"
+    assert run.data.metrics["test_mae"] <= 50.0
+    assert {"test_loss", "test_rmse"} <= set(run.data.metrics)
+    assert "test_accuracy" not in run.data.metrics
+    for key in ("mae", "val_mae"):
+        history = mlflow_client.get_metric_history(run.info.run_id, key)
+        assert sorted(m.step for m in history) == list(range(1, 31)), key
+    artifacts = {item.path for item in mlflow_client.list_artifacts(run.info.run_id)}
+    assert names.RESIDUALS_ARTIFACT in artifacts
+    assert names.CONFUSION_MATRIX_ARTIFACT not in artifacts
+    champion = mlflow_client.get_model_version_by_alias("stratoflow-diabetes", "champion")
+    assert str(champion.version) == run.data.tags[names.VERSION_TAG]
+
+    spec = resolve_run("diabetes", {})
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    columns, targets = load_arrays(reference, "test")
+    import pandas as pd
+
+    answer = mlflow.pyfunc.load_model("models:/stratoflow-diabetes@champion").predict(
+        pd.DataFrame(columns)
+    )
+    assert list(answer.columns) == ["prediction"]
+    mae = float(np.abs(answer["prediction"].to_numpy() - targets).mean())
+    assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+
+def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(
+    tmp_path: Path,
+):
+    """What the Airflow UI shows: Airflow's own parse (`airflow dags reserialize`) records the
+    broken pipeline as the DAG files' import errors, and every other pipeline as a DAG."""
+    import subprocess
+    import sys
+
+    from stratoflow.services import airflow_setup
+
+    broken = tmp_path / "team" / "broken"
+    broken.mkdir(parents=True)
+    spec = (settings.PROJECT_ROOT / "pipelines" / "digits" / "pipeline.yaml").read_text()
+    (broken / "pipeline.yaml").write_text(spec.replace("builder: mlp", "builder: resnet"))
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = {
+        **airflow_setup.airflow_env(home),
+        "STRATOFLOW_PIPELINES_PATH": str(tmp_path / "team"),
+    }
+    airflow = str(Path(sys.executable).parent / "airflow")
+
+    def airflow_cli(*args: str) -> str:
+        done = subprocess.run(
+            [airflow, *args], env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode in (0, 1), done.stderr[-2000:]  # 1: import errors were listed
+        return done.stdout
+
+    airflow_cli("db", "migrate")
+    airflow_cli("dags", "reserialize")
+    errors = airflow_cli("dags", "list-import-errors", "-o", "plain")
+    expected = (
+        f"- pipeline 'broken': {broken / 'pipeline.yaml'}: model.builder 'resnet' is not a known "
+        "model builder; allowed: mlp, small_cnn, or an import path 'module:function'"
+    )
+    for dag_file in ("retrain.py", "benchmark_strategies.py"):
+        assert dag_file in errors
+    assert errors.count(expected) == 2, errors
+    listed = airflow_cli("dags", "list", "-o", "plain")
+    for pipeline in ("mnist", "digits", "penguins", "diabetes"):
+        assert names.retrain_dag_id(pipeline) in listed, listed
+    assert "retrain_broken" not in listed

@@ -1,0 +1,237 @@
+"""A pipeline's own code and data, checked by the run's first task before any training.
+
+Each pipeline here lives in a temporary folder on `STRATOFLOW_PIPELINES_PATH`, as a user's would.
+Every mistake fails `tasks.prepare.prepare` (the body of `prepare_dataset`) with a `SpecError`:
+the DAG's refusal rule turns it into a failure without retry (`dags/refusals.py`), the message
+names the pipeline file and the field, and no MLflow run exists yet, so nothing is registered.
+Then the bundled tabular pipelines train under the single-process strategies, in-process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stratoflow.config import names
+from stratoflow.config.parsing import SpecError
+from stratoflow.config.spec import load_spec, parse_spec
+from tasks.run_context import AirflowRun
+
+DIGITS_SPEC = """\
+description: a user's pipeline on the digits
+task: {task}
+dataset: {{name: stratoflow_digits, version: 1.0.0{dataset}}}
+model: {{builder: "{builder}", hyperparameters: {hyperparameters}}}
+training: {{epochs: 1, batch_size: 32}}
+evaluation: {{metric: {metric}, {bound}, max_regression: 0.0}}
+registered_model: user-{name}
+"""
+
+GOOD_MODEL = """
+import keras
+
+def build(features, target, width=8):
+    inputs = keras.Input(shape=features.shape)
+    x = keras.layers.Dense(width, activation="relu")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(target.num_outputs)(x))
+"""
+
+
+def write_pipeline(root: Path, name: str, files: dict[str, str] | None = None, **spec: Any) -> Path:
+    values = {
+        "task": "classification",
+        "dataset": "",
+        "builder": "model:build",
+        "hyperparameters": "{width: 8}",
+        "metric": "test_accuracy",
+        "bound": "min: 0.5",
+        "name": name,
+        **spec,
+    }
+    folder = root / name
+    folder.mkdir(parents=True)
+    (folder / "pipeline.yaml").write_text(DIGITS_SPEC.format(**values))
+    for file, text in {"model.py": GOOD_MODEL, **(files or {})}.items():
+        (folder / file).write_text(textwrap.dedent(text))
+    return folder
+
+
+@pytest.fixture
+def pipelines_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
+    return tmp_path
+
+
+def refused(pipeline: str) -> str:
+    """The first task's refusal message for `pipeline`; no MLflow run may exist afterwards."""
+    from tasks import prepare
+
+    run = AirflowRun(f"retrain_{pipeline}", f"manual__{uuid.uuid4().hex[:12]}")
+    with pytest.raises(SpecError) as error:
+        prepare.prepare(pipeline, {}, run)
+    from stratoflow.tracking import mlflow_runs
+
+    client = mlflow_runs.client()
+    experiment = client.get_experiment_by_name(names.experiment_name(pipeline))
+    assert experiment is None or not client.search_runs([experiment.experiment_id])
+    return str(error.value)
+
+
+CASES = {
+    "unresolved module": (
+        {"builder": "modle:build"},
+        {},
+        "model.builder: module 'modle' is found neither in the pipeline folder",
+    ),
+    "unresolved name": (
+        {"builder": "model:make"},
+        {},
+        "model.builder: 'model:make' does not resolve: module 'model'",
+    ),
+    "unknown hyperparameter": (
+        {"hyperparameters": "{widht: 8}"},
+        {},
+        "model.hyperparameters: 'widht' is not a hyperparameter of 'model:build'; allowed: width",
+    ),
+    "builder raises": (
+        {},
+        {"model.py": "def build(features, target, width=8):\n    raise RuntimeError('boom')\n"},
+        "model.builder 'model:build' raised RuntimeError: boom",
+    ),
+    "builder returns no keras model": (
+        {},
+        {"model.py": "def build(features, target, width=8):\n    return 'a model'\n"},
+        "model.builder 'model:build' returned str, not a keras.Model",
+    ),
+    "model cannot take the features": (
+        {},
+        {
+            "model.py": GOOD_MODEL.replace(
+                "keras.Input(shape=features.shape)", "keras.Input(shape=(28, 28, 1))"
+            )
+        },
+        "model.builder 'model:build': the model cannot take the dataset's features (image: "
+        "float32[2, 8, 8, 1])",
+    ),
+    "labels do not fit regression": (
+        {"task": "regression", "metric": "test_mae", "bound": "max: 5.0"},
+        {},
+        "task 'regression' needs float targets as labels, but the label 'label' of dataset "
+        "stratoflow_digits:1.0.0 is a ClassLabel",
+    ),
+    "preprocessing fails": (
+        {"dataset": ', preprocess: "prep:scale"'},
+        {"prep.py": "def scale(image, label):\n    return image * 'x', label\n"},
+        "dataset.preprocess 'prep:scale' failed on the training examples",
+    ),
+    "unknown optimizer argument": (
+        {},
+        {},
+        "optimizer: 'momentun' is not an argument of Keras optimizer 'sgd'; allowed:",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_own_code_mistakes_are_refused_before_training_naming_file_and_field(
+    pipelines_path: Path, tf_runtime, case: str
+) -> None:
+    spec_values, files, message = CASES[case]
+    folder = write_pipeline(pipelines_path, "mine", files, **spec_values)
+    if case == "unknown optimizer argument":
+        spec = folder / "pipeline.yaml"
+        spec.write_text(spec.read_text() + "optimizer: {name: sgd, momentun: 0.9}\n")
+    error = refused("mine")
+    assert error.startswith(f"{folder / 'pipeline.yaml'}: "), error
+    assert message in error, error
+
+
+def test_a_gate_metric_the_task_does_not_produce_is_refused_at_parse_time() -> None:
+    data = {
+        "description": "d",
+        "task": "regression",
+        "dataset": {"name": "x"},
+        "model": {"builder": "mlp"},
+        "training": {},
+        "evaluation": {"metric": "test_accuracy", "min": 0.9},
+        "registered_model": "m",
+    }
+    with pytest.raises(
+        SpecError,
+        match=r"^/p/pipeline\.yaml: evaluation\.metric 'test_accuracy' is not a metric of task "
+        r"'regression'; allowed: test_mae, test_rmse, test_loss$",
+    ):
+        parse_spec("p", data, source="/p/pipeline.yaml")
+    data["evaluation"] = {"metric": "test_mae", "min": 3.0, "max": 5.0}
+    with pytest.raises(SpecError, match=r"evaluation: give exactly one of min .* or max"):
+        parse_spec("p", data, source="/p/pipeline.yaml")
+    data["evaluation"] = {"min_accuracy": 0.9}
+    data["task"] = "classification"
+    gate = parse_spec("p", data, source="/p/pipeline.yaml").evaluation
+    assert (gate.metric, gate.min, gate.higher_is_better) == ("test_accuracy", 0.9, True)
+
+
+@pytest.mark.parametrize("example", ["starter", "penguins", "diabetes"])
+def test_a_new_pipeline_passes_the_checks_of_its_own_code(
+    pipelines_path: Path, tf_runtime, example: str
+) -> None:
+    from stratoflow.cli import main
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.validation import check_pipeline_code, resolve_run
+
+    assert main.main(["new-pipeline", "mine", "--from", example]) == 0  # into the path's entry
+    spec = resolve_run("mine", {})
+    assert spec.folder == str(pipelines_path / "mine")
+    # Its own code imports, builds a model that takes the data, and fits the target.
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    check_pipeline_code(spec, reference)
+
+
+# --- the bundled tabular pipelines under the single-process strategies ------------------------
+
+
+@pytest.fixture(scope="module")
+def tabular(tf_runtime) -> dict[str, Any]:
+    from stratoflow.data.datasets import prepare_dataset
+
+    prepared = {}
+    for name in ("penguins", "diabetes"):
+        spec = load_spec(name)
+        prepared[name] = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    return prepared
+
+
+@pytest.mark.parametrize(
+    ("strategy", "loop"),
+    [
+        ("one_device", "custom"),
+        ("one_device", "fit"),
+        ("mirrored", "custom"),
+        ("central_storage", "custom"),
+    ],
+)
+@pytest.mark.parametrize("pipeline", ["penguins", "diabetes"])
+def test_the_tabular_pipelines_learn_under_each_strategy(
+    tabular, tmp_path: Path, pipeline: str, strategy: str, loop: str
+) -> None:
+    from stratoflow.training.trainer import train
+
+    spec = load_spec(pipeline)
+    training = dataclasses.replace(
+        spec.training, strategy=strategy, loop=loop, epochs=3, replicas=2, seed=3
+    )
+    result = train(dataclasses.replace(spec, training=training), tabular[pipeline], tmp_path)
+    metric = "accuracy" if pipeline == "penguins" else "mae"
+    first, last = result.history[0], result.history[-1]
+    assert set(last) >= {"loss", metric, "val_loss", f"val_{metric}"}
+    assert last["loss"] < first["loss"]
+    if pipeline == "penguins":
+        assert last["val_accuracy"] >= 0.85
+    else:
+        assert last["val_mae"] < 60.0  # predicting the mean scores about 64
+    assert result.num_replicas == (1 if strategy == "one_device" else 2)
