@@ -141,6 +141,7 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     from stratoflow.config import settings
     from stratoflow.config.spec import DatasetSpec, load_spec
     from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.objectives import Objective
     from stratoflow.training.trainer import _CustomLoopEpoch, make_epoch_batches
 
     dataset = prepare_dataset(DatasetSpec(NAME, "1.0.0", "bench"), settings.data_dir())
@@ -154,12 +155,12 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     plan = streamed.plan
     # Synthetic: 64 batches of noise of the same shape, repeated (12 KiB x 4,096 in memory).
     rng = np.random.default_rng(0)
-    shape = tuple(dataset.image_shape)
+    shape = tuple(dataset.features.shape)
     synthetic = (
         tf.data.Dataset.from_tensor_slices(
             (
                 rng.uniform(0, 1, (64 * STREAM_BATCH, *shape)).astype(np.float32),
-                rng.integers(0, dataset.num_classes, 64 * STREAM_BATCH),
+                rng.integers(0, len(dataset.target.class_names), 64 * STREAM_BATCH),
             )
         )
         .batch(STREAM_BATCH, drop_remainder=True)
@@ -173,7 +174,15 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
         with one_device.scope():
             model, optimizer = _new_model(spec, dataset)
         # Its traced steps only (`run_steps`), on one iterator that runs through the whole pass.
-        loops[name] = _CustomLoopEpoch(one_device, model, optimizer, STREAM_BATCH, streamed, steps)
+        loops[name] = _CustomLoopEpoch(
+            one_device,
+            model,
+            optimizer,
+            STREAM_BATCH,
+            streamed,
+            steps,
+            Objective(dataset.target.task),
+        )
         iterators[name] = iter(batches)
     wall: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}

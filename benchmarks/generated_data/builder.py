@@ -6,9 +6,11 @@ The larger-than-memory case of `make bench` (`benchmarks/run.py`) and the input 
 
 - `bench`: 32x32x3 float32 examples in 0..255 (12 KiB each once decoded), 46,000 training
   examples (539 MiB decoded: more than 4x the 128 MiB cache budget the benchmark trains with);
-- `tiny`: 4 float32 values `[i, 1, 2, 3]` for example `i`, 400 training examples, so a test
-  can tell which example (and so which file) it read whatever scaling the input applies:
-  `i = x[0] / x[1]`.
+- `tiny`: a 2x2x1 float32 "image" of the values `[i, 1, 2, 3]` for example `i`, 400 training
+  examples, so a test can tell which example (and so which file) it read whatever scaling the
+  input applies: `i = x.flat[0] / x.flat[1]`.
+
+Both are images (height, width, channels): what `prepare_dataset` takes as image features.
 
 Both are ordered (`disable_shuffling`): example `i` of a split sits in file `i // per_file`.
 Labels are `i % 10`. `python -m benchmarks.generated_data DATA_DIR CONFIG [SHARDS]` builds one.
@@ -34,7 +36,7 @@ _CHUNK = 1000
 class GeneratedConfig(tfds.core.BuilderConfig):
     """How many examples of which shape each split holds."""
 
-    shape: tuple[int, ...] = (4,)
+    shape: tuple[int, ...] = (2, 2, 1)
     split_sizes: tuple[tuple[str, int], ...] = ()
     indexed: bool = False
 
@@ -53,8 +55,8 @@ class StratoflowGenerated(tfds.core.GeneratorBasedBuilder):
         ),
         GeneratedConfig(
             name="tiny",
-            description="[i, 1, 2, 3] for example i, 400 / 40 / 40 examples.",
-            shape=(4,),
+            description="[i, 1, 2, 3] as a 2x2x1 image for example i, 400 / 40 / 40 examples.",
+            shape=(2, 2, 1),
             split_sizes=(("train", 400), ("validation", 40), ("test", 40)),
             indexed=True,
         ),
@@ -94,9 +96,10 @@ class StratoflowGenerated(tfds.core.GeneratorBasedBuilder):
         for start in range(0, size, _CHUNK):
             count = min(_CHUNK, size - start)
             if config.indexed:
-                values = np.tile(np.arange(4, dtype=np.float32), (count, 1))
-                values[:, 0] = np.arange(start, start + count)
-                values[:, 1] = 1.0
+                flat = np.tile(np.arange(4, dtype=np.float32), (count, 1))
+                flat[:, 0] = np.arange(start, start + count)
+                flat[:, 1] = 1.0
+                values = flat.reshape(count, *config.shape)
             else:
                 values = rng.uniform(0, 255, (count, *config.shape)).astype(np.float32)
             for offset in range(count):

@@ -3,7 +3,7 @@
 A split whose decoded examples exceed the cache budget is streamed from its TFRecord files (no
 cache anywhere in its tf.data graph), one at or under it is cached; a streamed split is sharded by
 FILE across input pipelines when it has enough files. The data is `stratoflow_generated/tiny`
-(benchmarks/generated_data): 400 training examples in 4 files, example `i` = `[i, 1, 2, 3]`, written
+(benchmarks/generated_data): 400 training examples in 4 files, example `i` = `[i, 1, 2, 3]` as a 2x2x1 image, written
 in order, so an example tells which file it came from (`i // 100`).
 """
 
@@ -36,7 +36,8 @@ def example_ids(dataset) -> list[int]:
     """The index `i` of every example of a batched dataset, in order (scaling-proof)."""
     ids: list[int] = []
     for x, _ in dataset.as_numpy_iterator():
-        ids.extend(np.rint(x[:, 0] / x[:, 1]).astype(int).tolist())
+        flat = x.reshape(len(x), -1)
+        ids.extend(np.rint(flat[:, 0] / flat[:, 1]).astype(int).tolist())
     return ids
 
 
@@ -54,7 +55,7 @@ def test_a_split_over_the_budget_is_streamed_and_one_within_it_is_cached(generat
     from stratoflow.data.input_pipeline import TrainingInput
 
     estimate = TrainingInput(generated, BATCH, seed=7, budget_bytes=0).plan.estimated_bytes
-    # x: 4 float32, label: int64 (the split's first example, decoded), for 400 examples.
+    # x: 2x2x1 float32, label: int64 (the split's first example, decoded), for 400 examples.
     assert estimate == 400 * (4 * 4 + 8)
 
     streamed = TrainingInput(generated, BATCH, seed=7, budget_bytes=estimate - 1)
