@@ -73,6 +73,7 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",
         "MLFLOW_TRACKING_URI",
         "MLFLOW_TRACKING_USERNAME",
+        "STRATOFLOW_PIPELINES_PATH",
         "MLFLOW_TRACKING_PASSWORD",
         "MLFLOW_DISABLE_TELEMETRY",
         "STRATOFLOW_HOME",
@@ -395,7 +396,11 @@ def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> N
 
 
 def test_state_and_datasets_are_shared_volumes(services: dict[str, Any]) -> None:
-    mounts: dict[str, set[str]] = {"STRATOFLOW_HOME": set(), "TFDS_DATA_DIR": set()}
+    mounts: dict[str, set[str]] = {
+        "STRATOFLOW_HOME": set(),
+        "TFDS_DATA_DIR": set(),
+        "STRATOFLOW_PIPELINES_PATH": set(),
+    }
     for name in (*AIRFLOW_SERVICES, *TF_SERVERS):
         env, targets = env_of(services[name]), volume_targets(services[name])
         for variable, volumes in mounts.items():
@@ -495,6 +500,8 @@ COMPOSE_ONLY_AIRFLOW_ENV = {
     "STRATOFLOW_COORDINATOR_HOST",  # ... and reach the coordinator by its service name
     "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",  # the compose healthcheck polls it
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",  # Airflow's default, stated for operators
+    # The containers' mount of the team's pipelines; the local stack passes on the user's own.
+    "STRATOFLOW_PIPELINES_PATH",
 }
 LOCAL_ONLY_AIRFLOW_ENV = {
     "AIRFLOW_HOME",  # the image sets it
