@@ -3,8 +3,8 @@
 A split whose decoded examples exceed the cache budget is streamed from its TFRecord files (no
 cache anywhere in its tf.data graph), one at or under it is cached; a streamed split is sharded by
 FILE across input pipelines when it has enough files. The data is `stratoflow_generated/tiny`
-(benchmarks/generated_data): 400 training examples in 4 files, example `i` = `[i, 1, 2, 3]` as a 2x2x1 image, written
-in order, so an example tells which file it came from (`i // 100`).
+(benchmarks/generated_data): 400 training examples in 4 files, example `i` = `[i, 1, 2, 3]` as a
+2x2x1 image, written in order, so an example tells which file it came from (`i // 100`).
 """
 
 from __future__ import annotations
