@@ -125,8 +125,10 @@ def _runs(mlflow_client, pipeline: str) -> list:
     ids=["one_device", "multi_worker_mirrored"],
 )
 def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
-    own_pipelines, mlflow_client, conf
+    own_pipelines, mlflow_client, conf, tf_runtime
 ):
+    # tf_runtime: the served model runs in this process, whose TensorFlow later tests share
+    # (its logical CPUs must be set before the first op).
     import mlflow
 
     from stratoflow.data.datasets import load_arrays
@@ -166,7 +168,7 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
     assert set(answer["predicted_class"]) <= set(CLASSES)
 
 
-def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_client):
+def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_client, tf_runtime):
     import mlflow
 
     from stratoflow.data.datasets import load_arrays, prepare_dataset
