@@ -20,11 +20,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stratoflow.config.features import CATEGORICAL, IMAGE, TABULAR, Features, Target
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.plugins import load_object
+
+if TYPE_CHECKING:
+    from stratoflow.config.spec import PipelineSpec
+    from stratoflow.data.datasets import DatasetRef
 
 # The contract's first two parameters; every other parameter is a hyperparameter.
 CONTRACT_PARAMETERS = ("features", "target")
@@ -167,6 +171,17 @@ def has_random_layers(
     parameter = inspect.signature(MODEL_BUILDERS[builder]).parameters.get("dropout")
     default = parameter.default if parameter is not None else 0.0
     return bool(hyperparameters.get("dropout", default))
+
+
+def build_pipeline_model(spec: PipelineSpec, dataset: DatasetRef) -> Any:
+    """`spec`'s model for `dataset`'s features and target (see `build_model`)."""
+    return build_model(
+        spec.model.builder,
+        dataset.features,
+        dataset.target,
+        spec.model.hyperparameters,
+        spec.folder or None,
+    )
 
 
 def build_model(

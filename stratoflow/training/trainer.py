@@ -32,7 +32,7 @@ from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batches
 from stratoflow.distributed.cluster import workers_in_cluster
 from stratoflow.distributed.launcher import READY_MARKER
-from stratoflow.training.models import build_model
+from stratoflow.training.models import build_pipeline_model
 from stratoflow.training.objectives import Objective, make_optimizer
 from stratoflow.training.strategies import is_chief, make_strategy, rejects_random_layers
 
@@ -146,13 +146,7 @@ def train(
 
     objective = Objective(dataset.target.task)
     with strategy.scope():
-        model = build_model(
-            spec.model.builder,
-            dataset.features,
-            dataset.target,
-            spec.model.hyperparameters,
-            spec.folder or None,
-        )
+        model = build_pipeline_model(spec, dataset)
         optimizer = make_optimizer(spec.optimizer, training.learning_rate)
         optimizer.build(model.trainable_variables)
         if training.loop == "fit":
@@ -195,18 +189,14 @@ def train(
         run_epoch: Callable[[int, Callable[[], None]], tuple[float, float]]
         if training.loop == "fit":
             run_epoch = _FitEpoch(model, epoch_batches, objective.metric)
-        elif training.strategy == "parameter_server":
-            run_epoch = _ParameterServerEpoch(
-                strategy,
-                model,
-                optimizer,
-                training.batch_size,
-                epoch_batches,
-                steps_per_epoch,
-                objective,
-            )
         else:
-            run_epoch = _CustomLoopEpoch(
+            # Both loops take the same inputs; parameter-server steps are scheduled remotely.
+            epoch_type = (
+                _ParameterServerEpoch
+                if training.strategy == "parameter_server"
+                else _CustomLoopEpoch
+            )
+            run_epoch = epoch_type(
                 strategy,
                 model,
                 optimizer,
@@ -215,7 +205,8 @@ def train(
                 steps_per_epoch,
                 objective,
             )
-            run_epoch.record_steps = record_steps
+            if isinstance(run_epoch, _CustomLoopEpoch):
+                run_epoch.record_steps = record_steps
         evaluate = _make_evaluator(model, objective)
 
         result = TrainingResult(

@@ -105,7 +105,7 @@ def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
 
     from stratoflow.data.datasets import load_split
     from stratoflow.training import objectives
-    from stratoflow.training.models import build_model
+    from stratoflow.training.models import build_pipeline_model
 
     source = spec.source
     try:
@@ -113,13 +113,7 @@ def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
     except (TypeError, ValueError) as error:
         raise SpecError(f"{source}: optimizer: {error}") from None
     try:
-        model = build_model(
-            spec.model.builder,
-            dataset.features,
-            dataset.target,
-            spec.model.hyperparameters,
-            spec.folder or None,
-        )
+        model = build_pipeline_model(spec, dataset)
     except SpecError as error:
         raise SpecError(f"{source}: {error}") from None
     try:
