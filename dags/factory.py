@@ -52,6 +52,9 @@ def new_dag(
         max_active_runs=1,
         params={name: Param(**kwargs) for name, kwargs in (params or {}).items()},
         default_args=dict(defaults),
+        # The DAG files publish their DAGs by name (`publish`); no auto-registration, so that
+        # `dags/pipeline_errors.py` can import them for their errors without bagging them twice.
+        auto_register=False,
         **settings,
     )
 
@@ -96,45 +99,25 @@ def publish(namespace: MutableMapping[str, Any], dags: Iterable[DAG]) -> None:
         namespace[dag.dag_id] = dag
 
 
-class PipelineError(Exception):
-    """One or more pipelines could not become DAGs; the message names each file and field."""
-
-
-class _BrokenPipelines(DAG):
-    """Stands in for the pipelines that failed to load: Airflow refuses it, with their errors.
-
-    Airflow 3.3's DAG processor keeps a DAG file's DAGs when one of them fails validation
-    (`DagBag.process_file`: an exception while bagging one DAG becomes the file's import error,
-    the others are still bagged). So each DAG file publishes every pipeline that loads, plus
-    this stand-in whose `validate` raises the load errors: the UI's "Import errors" shows them
-    for the file, and every other pipeline's DAG still parses and runs.
-    """
-
-    def __init__(self, dag_id: str, errors: list[str]):
-        super().__init__(dag_id=dag_id, start_date=START_DATE, schedule=None)
-        self.pipeline_errors = errors
-
-    def validate(self) -> None:
-        raise PipelineError(
-            f"{len(self.pipeline_errors)} pipeline(s) could not be loaded:\n"
-            + "\n".join(f"- {error}" for error in self.pipeline_errors)
-        )
-
-
 def publish_pipelines(
-    namespace: MutableMapping[str, Any], make_dag: Callable[[str], DAG | None], stand_in_id: str
+    namespace: MutableMapping[str, Any], make_dag: Callable[[str], DAG | None]
 ) -> list[str]:
-    """Publish one DAG per pipeline; a pipeline that fails to load fails alone.
+    """Publish one DAG per pipeline that loads; a pipeline that fails to load fails alone.
+
+    The failures are not raised here: Airflow marks every DAG of a file with an import error
+    stale (`_update_import_errors` in `airflow.dag_processing.collection`), and neither the API
+    nor the scheduler starts a run of a stale DAG. One user's broken pipeline would take every
+    other pipeline's DAG down with it. `dags/pipeline_errors.py`, a DAG file with no DAG of its
+    own, raises them instead.
 
     Args:
         namespace: the DAG file's globals.
         make_dag: pipeline name → its DAG (loads and validates the spec), or None for a
             pipeline this DAG file has no DAG for.
-        stand_in_id: the id of the stand-in DAG reporting the failures (never bagged).
 
     Returns:
-        The errors, one per pipeline (or path entry) that did not load; also published as the
-        DAG file's import error (`_BrokenPipelines`).
+        The errors, one per pipeline (or path entry) that did not load, each naming its file and
+        field.
     """
     errors = [problem for _, problem in sorted(pipeline_problems().items())]
     for pipeline in list_pipelines():
@@ -145,8 +128,6 @@ def publish_pipelines(
             continue
         if dag is not None:
             namespace[dag.dag_id] = dag
-    if errors:
-        namespace[stand_in_id] = _BrokenPipelines(stand_in_id, errors)
     return errors
 
 

@@ -28,8 +28,8 @@ def dataset_asset(dataset: str) -> Any:
 
 
 def loadable_specs() -> list[PipelineSpec]:
-    """The specs of the pipelines that load (those that do not have no DAGs either: the DAG
-    files report them as their import errors, `dags/factory.py`)."""
+    """The specs of the pipelines that load (those that do not have no DAGs either:
+    `dags/pipeline_errors.py` reports them as its import error)."""
     specs = []
     for pipeline in list_pipelines():
         try:

@@ -7,7 +7,7 @@ a folder of pipeline folders (a team's repository of pipelines) or one pipeline 
 
 Problems found while looking (a missing path entry, a folder name that cannot be a pipeline name,
 two folders claiming one name) do not stop discovery: they are reported in `Discovery.problems`
-and each DAG file shows them as its import error, while the other pipelines load.
+and `dags/pipeline_errors.py` shows them as its import error, while the other pipelines load.
 
 Light: the standard library only, nothing of the pipelines is imported here.
 """

@@ -249,6 +249,8 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         "AIRFLOW_HOME": str(tmp_path / "airflow"),
         "PATH": f"{BIN}:{os.environ['PATH']}",
     }
+    # The team's pipelines mount (`&team-pipelines`): an empty folder, as with no pipelines yet.
+    (tmp_path / "stratoflow" / "pipelines").mkdir(parents=True)
     init = subprocess.run(
         ["bash", str(AIRFLOW_INIT_SCRIPT)],
         env={**base, **service_env(AIRFLOW_INIT, replace)},
@@ -288,6 +290,8 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         auth = {"Authorization": f"Bearer {token}"}
         status, body = request(f"{url}/api/v2/dags", headers=auth)
         assert status == 200, f"GET /api/v2/dags with the admin's token answered {status}"
+        status, body = request(f"{url}/api/v2/importErrors", headers=auth)
+        assert (status, json.loads(body)["total_entries"]) == (200, 0), body[:3000]
         # The README's step 4: unpause, then trigger a parameter-server run.
         dag = f"{url}/api/v2/dags/retrain_digits"
         status, body = request(dag, {"is_paused": False}, auth, method="PATCH")
