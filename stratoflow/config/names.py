@@ -52,6 +52,10 @@ REASON_TAG = "stratoflow.recommendation_reason"
 ERROR_TAG = "stratoflow.error"
 
 # MLflow metrics logged once per epoch (training runs and strategy benchmark children).
+# Each cluster member's node (member name -> "ip (hostname)"), as JSON in every member's
+# environment; written into environment.json.
+NODES_ENV = "STRATOFLOW_NODES"
+
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
 
 # MLflow artifacts of a retrain run.
