@@ -47,6 +47,10 @@ READY_TIMEOUT_SECONDS = 30.0
 START_TIMEOUT_SECONDS = 240.0
 # Members still running this long after the result member finished are killed.
 SHUTDOWN_GRACE_SECONDS = 30.0
+# The result member's errors that mean a peer went away (killed, its node dead or cut off).
+PEER_LOSS_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
+# How long a peer's own loss may take to show after the result member failed on it.
+PEER_LOSS_GRACE_SECONDS = 30.0
 PORT_CLASH_MESSAGES = ("Could not start gRPC server", "Address already in use")
 _PR_SET_PDEATHSIG = 1
 
@@ -374,9 +378,10 @@ class Cluster:
         """The result member's result, or the error it reported, raised."""
         result = chief.result()
         if result is not None and "error" in result:
-            raise ChildProcessFailed(
-                f"{self.result_from} ({chief.where()}) failed: {result['error']}"
-            )
+            message = f"{self.result_from} ({chief.where()}) failed: {result['error']}"
+            if _is_peer_loss(result["error"]):
+                raise MemberLost(message, self.result_from)
+            raise ChildProcessFailed(message)
         if result is None:
             raise ChildProcessFailed(chief.failure("exited 0 but wrote no result"))
         return dict(result)
@@ -398,7 +403,10 @@ class Cluster:
                     continue
                 if child is result_member and lost is None:
                     if returncode == 2:
-                        return  # it reported its own error in its result file; `run` raises it
+                        # It reported its own error in its result file; `run` raises it, unless
+                        # that error was a peer going away: then the peer is named (and lost).
+                        self._blame_lost_peer(child, running)
+                        return
                     if returncode != 0:
                         self._fail(child, returncode, running)
                 elif lost is not None or returncode != 0 or child.member.server:
@@ -423,6 +431,23 @@ class Cluster:
                     )
                 )
             time.sleep(0.1)
+
+    def _blame_lost_peer(self, chief: Running, running: dict[str, Running]) -> None:
+        """The chief failed because a peer went away: wait a little for the peer's own loss to
+        show (a dead node takes Ray seconds to report) and fail naming it."""
+        result = chief.result()
+        if not (result and _is_peer_loss(str(result.get("error", "")))):
+            return
+        deadline = time.monotonic() + PEER_LOSS_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            for child in running.values():
+                if child is chief:
+                    continue
+                child.refresh()
+                returncode = child.poll()
+                if child.lost_reason() is not None or (returncode is not None and returncode != 0):
+                    self._fail(child, returncode, running)
+            time.sleep(0.2)
 
     def _note_training(self, running: dict[str, Running], result_member: Running) -> None:
         if result_member.first_step_at is not None:
@@ -527,6 +552,11 @@ class _LocalCluster(Cluster):
                 for child in running.values():
                     child.kill()
             return self.result_of(running[self.result_from])
+
+
+def _is_peer_loss(error: str) -> bool:
+    """A training error that means another member went away (TensorFlow's gRPC errors)."""
+    return error.startswith(PEER_LOSS_ERRORS)
 
 
 def _is_loss(returncode: int | None) -> bool:
