@@ -38,6 +38,10 @@ SUBNET = "10.213.0"
 NETWORK_NAMESPACE = "sfray-net"
 BRIDGE = "sfbr0"
 HEAD = "sfray-head"
+# A host without a Ray node (as a docker-compose Airflow scheduler): it can reach the cluster
+# only through Ray Client.
+CLIENT = "sfray-client"
+CLIENT_PORT = 10001
 GCS_PORT = 6379
 PROJECT = str(Path(__file__).resolve().parents[1])
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -60,14 +64,19 @@ class RayHosts:
 
     @property
     def hosts(self) -> list[str]:
+        """The hosts with a Ray node."""
         return [HEAD, *self.worker_hosts]
+
+    @property
+    def all_hosts(self) -> list[str]:
+        return [*self.hosts, CLIENT]
 
     @property
     def worker_hosts(self) -> list[str]:
         return [f"sfray-{n}" for n in range(1, self.workers + 1)]
 
     def address_of(self, host: str) -> str:
-        return f"{SUBNET}.{self.hosts.index(host) + 1}"
+        return f"{SUBNET}.{self.all_hosts.index(host) + 1}"
 
     @property
     def ray_address(self) -> str:
@@ -103,7 +112,7 @@ class RayHosts:
         self.namespaces.append(NETWORK_NAMESPACE)
         _ip("-n", NETWORK_NAMESPACE, "link", "add", BRIDGE, "type", "bridge")
         _ip("-n", NETWORK_NAMESPACE, "link", "set", BRIDGE, "up")
-        for number, host in enumerate(self.hosts, start=1):
+        for number, host in enumerate(self.all_hosts, start=1):
             _ip("netns", "add", host)
             self.namespaces.append(host)
             port = f"sfv{number}"
@@ -163,11 +172,11 @@ class RayHosts:
 
     def cut_off(self, host: str) -> None:
         """Take host `host`'s link down: its processes live on, unreachable."""
-        number = self.hosts.index(host) + 1
+        number = self.all_hosts.index(host) + 1
         _ip("-n", NETWORK_NAMESPACE, "link", "set", f"sfv{number}", "down")
 
     def reconnect(self, host: str) -> None:
-        number = self.hosts.index(host) + 1
+        number = self.all_hosts.index(host) + 1
         _ip("-n", NETWORK_NAMESPACE, "link", "set", f"sfv{number}", "up")
 
     def ray_memory_mb(self) -> float:

@@ -79,6 +79,9 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "TFDS_DATA_DIR",
         "STRATOFLOW_CLUSTER",
         "STRATOFLOW_COORDINATOR_HOST",
+        "STRATOFLOW_RAY_ADDRESS",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
     }
 )
 # Only what airflow-init needs on top (it creates the admin's password).

@@ -28,7 +28,15 @@ from stratoflow.config import names, settings
 from stratoflow.services.airflow_setup import airflow_command
 from tests.conftest import fresh_mlflow_client
 from tests.processes import run_dag
-from tests.ray_hosts import HEAD, SUBNET, RayHosts, leftover_namespaces, ray_hosts
+from tests.ray_hosts import (
+    CLIENT,
+    CLIENT_PORT,
+    HEAD,
+    SUBNET,
+    RayHosts,
+    leftover_namespaces,
+    ray_hosts,
+)
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -310,6 +318,47 @@ def test_a_host_cut_off_fails_the_task_naming_the_unreachable_member(on_head, tm
     log.info(
         "host cut off: task failed %.1f s later: %s", outcome["at"] - cut_at, outcome["error"][:300]
     )
+
+
+RAY_CLIENT_PROGRAM = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+from stratoflow.distributed import launcher, ray_launcher
+from stratoflow.distributed.cluster import PlannedMember
+plan = [PlannedMember(f"worker {i}", "worker", i, "tests.tasks.echo_program") for i in (0, 1)]
+result = ray_launcher.run_cluster(
+    plan, "worker 0", {"value": 1, "announce": True}, address=sys.argv[1],
+    placement="strict_spread", restarts=launcher.Restarts(0),
+)
+print("RESULT", json.dumps(result))
+"""
+
+
+def test_a_host_without_a_ray_node_drives_the_cluster_through_ray_client(hosts):
+    """As the docker-compose scheduler does (`ray://ray-head:10001`): members still placed on
+    the worker hosts, one each, their output back in the driver's log."""
+    done = subprocess.run(
+        hosts.in_host(
+            CLIENT,
+            [
+                sys.executable,
+                "-c",
+                RAY_CLIENT_PROGRAM,
+                f"ray://{hosts.address_of(HEAD)}:{CLIENT_PORT}",
+            ],
+        ),
+        env=hosts.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    assert result["value"] == 2
+    placed = {node.split()[0] for node in result["nodes"].values()}
+    assert placed == {hosts.address_of(host) for host in hosts.worker_hosts}
+    assert "worker 1 started (pid" in done.stderr
 
 
 def test_the_cluster_refuses_a_driver_without_its_token(hosts):
