@@ -41,6 +41,8 @@ MLFLOW_INIT = "mlflow-init"
 POSTGRES = "postgres"
 # Standing TensorFlow servers: service name -> (job, index) in the cluster.
 TF_SERVERS = {"ps-0": ("ps", 0), "worker-0": ("worker", 0), "worker-1": ("worker", 1)}
+RAY_HEAD = "ray-head"
+RAY_NODES = (RAY_HEAD, "ray-worker-0", "ray-worker-1")
 REQUIRED_SERVICES = {
     POSTGRES,
     AIRFLOW_INIT,
@@ -211,7 +213,7 @@ def test_every_image_is_pinned(services: dict[str, Any], pyproject: dict[str, An
 
 
 def test_project_image_runs_every_stratoflow_service(services: dict[str, Any]) -> None:
-    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, MLFLOW_INIT, *TF_SERVERS):
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, MLFLOW_INIT, *TF_SERVERS, *RAY_NODES):
         assert "build" in services[name], f"{name}: must run the project image built here"
 
 
@@ -399,7 +401,7 @@ def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> N
 
 def test_state_and_datasets_are_shared_volumes(services: dict[str, Any]) -> None:
     mounts: dict[str, set[str]] = {"STRATOFLOW_HOME": set(), "TFDS_DATA_DIR": set()}
-    for name in (*AIRFLOW_SERVICES, *TF_SERVERS):
+    for name in (*AIRFLOW_SERVICES, *TF_SERVERS, *RAY_NODES):
         env, targets = env_of(services[name]), volume_targets(services[name])
         for variable, volumes in mounts.items():
             path = env.get(variable)
@@ -419,6 +421,27 @@ def mlflow_server_command(service: dict[str, Any]) -> list[str]:
         "deploy/mlflow-server.sh does not end by running `mlflow server` with its arguments"
     )
     return ["mlflow", "server", *service.get("command", [])]
+
+
+def test_the_ray_cluster_authenticates_and_the_airflow_tasks_reach_its_head(
+    services: dict[str, Any],
+) -> None:
+    tokens = set()
+    for name in RAY_NODES:
+        env = env_of(services[name])
+        assert env["RAY_AUTH_MODE"] == "token", f"{name}: Ray's token authentication is off"
+        tokens.add(env["RAY_AUTH_TOKEN"])
+        command = services[name]["entrypoint"]
+        assert command[:2] == ["ray", "start"] and "--block" in command, name
+        if name == RAY_HEAD:
+            assert "--include-dashboard=false" in command and "--num-cpus=0" in command
+        else:
+            assert "--address=ray-head:6379" in command, name
+    for name in AIRFLOW_SERVICES:
+        env = env_of(services[name])
+        assert env["STRATOFLOW_RAY_ADDRESS"] == f"ray://{RAY_HEAD}:10001", name
+        tokens.add(env["RAY_AUTH_TOKEN"])
+    assert tokens == {"${RAY_AUTH_TOKEN:?set RAY_AUTH_TOKEN in .env}"}
 
 
 def test_airflow_requires_login(services: dict[str, Any]) -> None:
@@ -499,6 +522,8 @@ COMPOSE_ONLY_AIRFLOW_ENV = {
     "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",  # the compose healthcheck polls it
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",  # Airflow's default, stated for operators
 }
+# The Ray settings are in both: compose reaches its Ray head through Ray Client, the local stack
+# its own head (`services up --ray`; empty address without one).
 LOCAL_ONLY_AIRFLOW_ENV = {
     "AIRFLOW_HOME",  # the image sets it
     "PYTHONPATH",  # the image installs the project
