@@ -41,6 +41,7 @@ from stratoflow.distributed.launcher import (
     ChildProcessFailed,
     Cluster,
     Member,
+    MemberLost,
     PortClash,
     Restarts,
     Running,
@@ -371,6 +372,7 @@ class _RayCluster(Cluster):
 
     def run(self) -> dict[str, Any]:
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -390,13 +392,27 @@ class _RayCluster(Cluster):
                 ).remote()
                 for index in range(len(self.plan))
             ]
-            nodes = ray.get(
-                [actor.node.remote() for actor in actors], timeout=ACTOR_START_TIMEOUT_SECONDS
-            )
+            try:
+                nodes = ray.get(
+                    [actor.node.remote() for actor in actors], timeout=ACTOR_START_TIMEOUT_SECONDS
+                )
+            except (GetTimeoutError, RayActorError) as error:
+                # A node that died after the reservation (Ray has not noticed yet): try again.
+                raise MemberLost(
+                    f"the cluster's actors did not start on their nodes ({type(error).__name__})",
+                    "a member's node",
+                ) from None
             members = self._members(nodes)
             text = json.dumps(self.payload)
             for member, actor, node in zip(members, actors, nodes, strict=True):
-                running[member.name] = _ActorRunning(member, actor, node, text)
+                try:
+                    running[member.name] = _ActorRunning(member, actor, node, text)
+                except (GetTimeoutError, RayActorError) as error:
+                    raise MemberLost(
+                        f"{member.name} could not be started on node {describe_node(node)} "
+                        f"({type(error).__name__})",
+                        member.name,
+                    ) from None
             self.supervise(running)
             result = self.result_of(running[self.result_from])
             result["nodes"] = {
