@@ -190,15 +190,23 @@ def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, 
         "epochs": 3,
     }
 
-    def kill_worker_1() -> int:
-        victim = member(hosts, "worker", 1)
-        assert victim is not None, "worker 1 is not running"
+    def kill_worker_1() -> tuple[int, int, int]:
+        """Kill worker 1; once a new worker 1 runs, the coordinator must be the same process
+        (a cluster restart would have replaced it)."""
+        victim, coordinator = member(hosts, "worker", 1), member(hosts, "chief", 0)
+        assert victim is not None and coordinator is not None
         victim.kill()
-        return victim.pid
+        deadline = time.monotonic() + RECOVERY_BOUND_SECONDS
+        while (successor := member(hosts, "worker", 1)) is None or successor.pid == victim.pid:
+            assert time.monotonic() < deadline, "worker 1 was not started again"
+            time.sleep(0.2)
+        still = member(hosts, "chief", 0)
+        return victim.pid, coordinator.pid, still.pid if still else 0
 
-    run, victim_pid, killed_at = run_dag_meanwhile(
+    run, (victim_pid, coordinator_pid, coordinator_after), killed_at = run_dag_meanwhile(
         mlflow_client, conf, first_checkpoint_after(time.time()), kill_worker_1
     )
+    assert coordinator_after == coordinator_pid  # training went on: no cluster restart
     tags = run.data.tags
     assert tags["launcher"] == "ray"
     placed = [tags[f"node.{name}"] for name in ("worker_0", "worker_1", "ps_0", "coordinator")]
