@@ -65,11 +65,25 @@ def run(conf: dict[str, Any], out: str) -> None:
     Path(out).write_text(json.dumps(figures))
 
 
-def measure() -> dict[str, Any]:
-    """Every Ray figure of `make bench` (see the module docstring)."""
+class _Figures(dict[str, Any]):
+    """The figures, also written to `path` as each arrives (a long run keeps what it measured)."""
+
+    def __init__(self, path: Path | None):
+        super().__init__()
+        self.path = path
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self, indent=1))
+
+
+def measure(partial: Path | None = None) -> dict[str, Any]:
+    """Every Ray figure of `make bench` (see the module docstring); also written to `partial`
+    as they come, if given."""
     from tests.ray_hosts import HEAD, ray_hosts
 
-    figures: dict[str, Any] = {}
+    figures = _Figures(partial)
     started = time.monotonic()
     with ray_hosts(workers=2) as hosts:
         figures["ray_start_seconds"] = time.monotonic() - started
@@ -91,7 +105,12 @@ def measure() -> dict[str, Any]:
                 acted: dict[str, Any] = {}
                 if during is not None:
                     acted = _at_first_checkpoint(process, during)
-                process.wait(timeout=1200)
+                returncode = process.wait(timeout=1200)
+                if not out.exists():  # the task process itself died (e.g. with the Ray head)
+                    return acted | {
+                        "error": f"the task process died (exit status {returncode})",
+                        "failed_at": time.time(),
+                    }
                 result = json.loads(out.read_text())
                 return result | acted
 
@@ -139,7 +158,7 @@ def measure() -> dict[str, Any]:
         figures["multi_worker_mirrored/ray/head killed"] = on_head(
             {**MWMS, "launcher": "ray", "max_restarts": 2}, kill_ray_head
         )
-    return figures
+    return dict(figures)
 
 
 def _member(hosts: Any, job: str, index: int) -> Any:
@@ -188,4 +207,5 @@ if __name__ == "__main__":
                 "TF_CPP_MIN_LOG_LEVEL": "2",
             }
         )
-        sys.stdout.write(json.dumps(measure(), indent=1) + "\n")
+        partial = Path(sys.argv[1]) if sys.argv[1:] else None
+        sys.stdout.write(json.dumps(measure(partial), indent=1) + "\n")
