@@ -369,6 +369,7 @@ class _RayCluster(Cluster):
         super().__init__([], result_from, payload, timeout_seconds, restarts=restarts)
         self.plan = plan
         self.placement = placement
+        self.launched = time.time()
 
     def run(self) -> dict[str, Any]:
         import ray
@@ -376,6 +377,9 @@ class _RayCluster(Cluster):
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        # The members' start time (seconds_to_first_step counts from it) is the reservation's:
+        # placing the gang and starting its actors is part of what a run waits for.
+        self.launched = time.time()
         group = placement_group(
             [{"CPU": 1}] * len(self.plan), strategy=PLACEMENT_STRATEGIES[self.placement]
         )
@@ -451,7 +455,7 @@ class _RayCluster(Cluster):
         layout = ClusterLayout(jobs) if jobs else None
         placed = {m.name: describe_node(n) for m, n in zip(self.plan, nodes, strict=True)}
         forwarded = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
-        started = str(time.time())
+        started = str(self.launched)
         return [
             Member(
                 planned.name,
