@@ -53,8 +53,9 @@ bench: $(INSTALLED)
 
 # The deployment as local processes: PostgreSQL, MLflow server, Airflow api-server, scheduler,
 # dag-processor, triggerer (all on 127.0.0.1, free ports; state in .stratoflow/services).
+# RAY=1 also starts a single-node Ray head on 127.0.0.1 for `launcher: ray` runs.
 services: $(INSTALLED)
-	$(BIN)/stratoflow services up
+	$(BIN)/stratoflow services up $(if $(RAY),--ray)
 
 services-status: $(INSTALLED)
 	$(BIN)/stratoflow services status

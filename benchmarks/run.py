@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CLUSTER_REPEATS = 2
 CLUSTER_EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted
+
 TARGETS = {
     "training step vs bare Keras fit": (">=", 0.97),
     "mirrored(2) vs one_device": ("report", None),
@@ -46,6 +47,8 @@ TARGETS = {
     "MFU (training FLOP/s / matmul FLOP/s)": (">=", 0.30),
     "larger than memory: streamed input vs synthetic tensors": (">=", 0.9),
     "larger than memory: peak RSS of the training process (MB)": ("<=", 1536.0),
+    "launcher ray vs local, multi_worker_mirrored(2) throughput": ("report", None),
+    "launcher ray vs local, parameter_server throughput": ("report", None),
 }
 # The larger-than-memory case: the cache budget it trains with (MiB); its generated dataset
 # (benchmarks/generated_data, config `bench`) decodes to more than 4x this.
@@ -79,6 +82,8 @@ def main() -> None:
     figures["epoch_logging"] = _epoch_logging(home)
     logger.info("a whole DAG run through Airflow")
     figures["orchestration"] = _orchestration()
+    logger.info("the ray launcher against local, on hosts made of network namespaces")
+    figures["ray"] = _ray()
     figures["bench_seconds"] = time.perf_counter() - started
     figures["load_average"] = {"before": load_before, "after": os.getloadavg()}
     figures["written"] = time.strftime("%Y-%m-%d")
@@ -187,6 +192,12 @@ def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
         }
         for name, runs in figures.items()
     }
+
+
+def _ray() -> dict[str, Any]:
+    from benchmarks import ray_launcher
+
+    return ray_launcher.measure()
 
 
 def _epoch_logging(home: Path) -> dict[str, float]:
@@ -332,6 +343,17 @@ def _rows(figures: dict[str, Any], previous: dict[str, float]) -> list[dict[str,
             figures["streaming"]["peak_rss_mb"],
             None,
         ),
+        **{
+            f"launcher ray vs local, {label} throughput": (
+                figures["ray"][f"{name}/ray"]["examples_per_second"]
+                / figures["ray"][f"{name}/local"]["examples_per_second"],
+                None,
+            )
+            for name, label in (
+                ("multi_worker_mirrored", "multi_worker_mirrored(2)"),
+                ("parameter_server", "parameter_server"),
+            )
+        },
     }
     rows = []
     for name, (value, cpu_value) in ratios.items():
@@ -441,6 +463,52 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _ray_lines(ray: dict[str, Any]) -> list[str]:
+    """The Ray section's lines (`benchmarks.ray_launcher.measure`'s figures)."""
+
+    def recovery(key: str) -> str:
+        run = ray[key]
+        if "error" in run:
+            return f"failed {run['failed_at'] - run['killed_at']:.0f} s after the kill"
+        seconds = ", ".join(f"{value:.1f}" for value in run["recovery_seconds"]) or "none"
+        return f"training again after {seconds} s ({run['restarts']:.0f} restart(s))"
+
+    lines = [
+        "",
+        "## The ray launcher",
+        "",
+        "A Ray head and two Ray nodes in network namespaces on this machine "
+        f"(`tests/ray_hosts.py`): up in {ray['ray_start_seconds']:.0f} s, "
+        f"{ray['ray_processes']} processes, {ray['ray_memory_mb']:.0f} MB RSS idle (Ray's own "
+        f"processes, summed). Each run: the training task's body on the head host, "
+        f"{CLUSTER_EPOCHS} epochs of mnist, throughput the median of the epochs after the first.",
+        "",
+    ]
+    for name in ("multi_worker_mirrored", "parameter_server"):
+        local, on_ray = ray[f"{name}/local"], ray[f"{name}/ray"]
+        lines.append(
+            f"- {name}: local {local['examples_per_second']:.0f} examples/s, first step after "
+            f"{local['seconds_to_first_step']:.1f} s, task {local['task_wall_seconds']:.0f} s; "
+            f"ray {on_ray['examples_per_second']:.0f} examples/s, first step after "
+            f"{on_ray['seconds_to_first_step']:.1f} s, task {on_ray['task_wall_seconds']:.0f} s"
+        )
+        lines.append(
+            f"- {name}, worker 1 killed after the first checkpoint: local "
+            f"{recovery(f'{name}/local/worker killed')}; ray "
+            f"{recovery(f'{name}/ray/worker killed')}; its whole host killed (ray): "
+            f"{recovery(f'{name}/ray/host killed')}"
+        )
+    head = ray["multi_worker_mirrored/ray/head killed"]
+    outcome = (
+        f"the task failed {head['failed_at'] - head['killed_at']:.0f} s after the kill: "
+        + head["error"].splitlines()[0][:300]
+        if "error" in head
+        else "the run finished anyway"
+    )
+    lines.append(f"- the Ray head's processes killed mid-run (multi_worker_mirrored): {outcome}")
+    return lines
+
+
 def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     single, mirrored = figures["single"], figures["mirrored"]
     cluster, orchestration = figures["cluster"], figures["orchestration"]
@@ -531,6 +599,7 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             + f"; training itself {orchestration['train_seconds']:.1f} s; first step "
             f"{orchestration['seconds_to_first_step']:.1f} s after the training process started; "
             f"test accuracy {orchestration['test_accuracy']:.3f}",
+            *_ray_lines(figures["ray"]),
             "",
             "## Where the time outside training goes",
             "",

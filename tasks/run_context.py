@@ -159,7 +159,12 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     Raises:
         SpecError: an unknown Param or an invalid value or combination (named in the message).
     """
-    return resolve_run(pipeline, params, standing_cluster=settings.standing_cluster())
+    return resolve_run(
+        pipeline,
+        params,
+        standing_cluster=settings.standing_cluster(),
+        ray_address=settings.ray_address(),
+    )
 
 
 def config_to_dict(spec: PipelineSpec) -> dict[str, Any]:

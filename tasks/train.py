@@ -6,6 +6,7 @@ through the same launcher, log the same metrics and draw the same curves.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,8 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
         prepared: the first task's result: dataset, MLflow run and the run's configuration.
 
     Raises:
-        ChildProcessFailed: a training process failed or was killed.
+        ChildProcessFailed: a training process failed, or members were lost more often than
+            the run's `max_restarts` allows.
         ClusterUnreachableError: a standing cluster server does not answer.
     """
     from stratoflow.tracking import mlflow_runs
@@ -81,10 +83,13 @@ def run_training(
 ) -> dict[str, Any]:
     """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
 
-    The processes come from `stratoflow.distributed.cluster` (one, or a local cluster),
-    supervised by `stratoflow.distributed.launcher`; checkpoints in `run_dir` let a retry resume.
-    Logs the run's shape tags and its timings (`train_seconds`, `peak_rss_mb`,
-    `seconds_to_first_step`).
+    The processes come from `stratoflow.distributed.cluster` (one, or a cluster), run by the
+    run's launcher: local child processes (`stratoflow.distributed.launcher`) or Ray actors on a
+    standing Ray cluster (`stratoflow.distributed.ray_launcher`). A lost member is recovered up
+    to `max_restarts` times from the checkpoints in `run_dir` (which also let a retry resume).
+    Logs the run's shape tags, the node of every member, its timings (`train_seconds`,
+    `peak_rss_mb`, `seconds_to_first_step`) and its recoveries (`restarts`, and
+    `recovery_seconds` per restart), the last also when training fails.
 
     Returns:
         The training process's `TrainingResult` as a dict (history, model path, shape, timings).
@@ -102,11 +107,36 @@ def run_training(
         "tracking_uri": settings.tracking_uri(),
         "mlflow_run_id": mlflow_run_id,
     }
-    members, result_from = cluster.training_members(spec.training)
-    result = launcher.run_cluster(members, result_from, payload)
+    training = spec.training
+    restarts = launcher.Restarts(training.max_restarts)
+    try:
+        if training.launcher == "ray":
+            from stratoflow.distributed import ray_launcher
+
+            plan, result_from = cluster.planned_members(training)
+            result = ray_launcher.run_cluster(
+                plan,
+                result_from,
+                payload,
+                address=training.ray_address,
+                placement=training.placement,
+                restarts=restarts,
+            )
+        else:
+            members, result_from = cluster.training_members(training)
+            result = launcher.run_cluster(members, result_from, payload, restarts=restarts)
+    finally:
+        _log_restarts(mlflow_run_id, restarts)
+    # The Ray launcher says where each member ran; local members all ran on this host.
+    nodes = result.pop("nodes", None) or {"all_members": socket.gethostname()}
     mlflow_runs.set_tags(
         mlflow_run_id,
-        {"num_replicas": result["num_replicas"], "num_workers": result["num_workers"]},
+        {
+            "num_replicas": result["num_replicas"],
+            "num_workers": result["num_workers"],
+            "launcher": training.launcher,
+            **{f"node.{name.replace(' ', '_')}": node for name, node in nodes.items()},
+        },
     )
     timings = {"train_seconds": result["train_seconds"], "peak_rss_mb": result["peak_rss_mb"]}
     if result["seconds_to_first_step"] is not None:
@@ -116,6 +146,18 @@ def run_training(
         figure = plots.training_curves(result["history"], title=_run_title(spec, result))
         mlflow_runs.log_figure(mlflow_run_id, figure, names.CURVES_ARTIFACT)
     return result
+
+
+def _log_restarts(mlflow_run_id: str, restarts: Any) -> None:
+    """`restarts` (how many), and `recovery_seconds` at step n: loss to training again."""
+    from stratoflow.tracking import mlflow_runs
+
+    mlflow_runs.log_metrics(mlflow_run_id, {"restarts": len(restarts.events)})
+    for event in restarts.events:
+        if event.seconds_to_recover is not None:
+            mlflow_runs.log_metrics(
+                mlflow_run_id, {"recovery_seconds": event.seconds_to_recover}, step=event.number
+            )
 
 
 def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@
     stratoflow list
     stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
-    stratoflow services up|status|down [--state-dir DIR]
+    stratoflow services up|status|down [--state-dir DIR] [--ray]
     stratoflow new-pipeline NAME [--from EXAMPLE] [--dir DIR]
 
 The run flags come from the training settings' metadata (`stratoflow.config.training`), so a
@@ -156,6 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     services.add_argument("action", choices=["up", "status", "down"])
     services.add_argument(
         "--state-dir", help="the stack's folder (default: services/ in $STRATOFLOW_HOME)"
+    )
+    services.add_argument(
+        "--ray",
+        action="store_true",
+        help="up: also start a single-node Ray head on 127.0.0.1 for `launcher: ray` runs",
     )
 
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
@@ -308,7 +313,7 @@ def _services(args: argparse.Namespace) -> int:
     stack = services.Stack(state, attached=False)
     try:
         if args.action == "up":
-            report = stack.up()
+            report = stack.up(ray=args.ray)
             waited = services.wait_for_dags(stack)
             sys.stdout.write(services.describe(stack, report, waited))
         elif args.action == "status":

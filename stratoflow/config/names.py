@@ -51,6 +51,10 @@ RECOMMENDED_TAG = "stratoflow.recommended_strategy"
 REASON_TAG = "stratoflow.recommendation_reason"
 ERROR_TAG = "stratoflow.error"
 
+# Each cluster member's node (member name -> "ip (hostname)"), as JSON in every member's
+# environment; written into environment.json.
+NODES_ENV = "STRATOFLOW_NODES"
+
 # MLflow metrics logged once per epoch (training runs and strategy benchmark children), for a
 # classification pipeline; a pipeline's task decides the epoch metric (`epoch_metric`).
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")

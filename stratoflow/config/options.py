@@ -59,6 +59,19 @@ LOOPS: dict[str, str] = {
     "fit": "Keras model.fit; only strategies Keras 3 supports",
 }
 
+LAUNCHERS: dict[str, str] = {
+    "local": "child processes on this task's host (supervised, restarted from checkpoints)",
+    "ray": "Ray actors on a standing Ray cluster, reserved as one placement group",
+}
+
+# Ray placement-group strategies, by the name a run gives them.
+PLACEMENTS: dict[str, str] = {
+    "pack": "as few nodes as possible (Ray's PACK)",
+    "spread": "across nodes where possible (Ray's SPREAD)",
+    "strict_spread": "every member on a node of its own, or the run does not start "
+    "(Ray's STRICT_SPREAD)",
+}
+
 REPLICA_CHOICES = (1, 2, 4, 8)
 WORKER_CHOICES = (1, 2, 3, 4)
 PS_CHOICES = (1, 2)

@@ -22,7 +22,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.options import (
+    LAUNCHERS,
+    LOOPS,
+    PLACEMENTS,
+    PS_CHOICES,
+    REPLICA_CHOICES,
+    STRATEGIES,
+    WORKER_CHOICES,
+)
 from stratoflow.config.parsing import SpecError, build
 
 # Matches NaN, Infinity and -Infinity, and no finite number: a `not` of it refuses them. Bounds
@@ -112,6 +120,36 @@ class TrainingConfig:
         '"ps": ["host:port"]} (started with `stratoflow serve`); empty or null: launch local '
         "processes, or use $STRATOFLOW_CLUSTER.",
         optional=True,
+    )
+    launcher: str = _setting(
+        "local",
+        title="Launcher",
+        help="Where the training processes run: on this task's host, or placed on a standing "
+        "Ray cluster.",
+        choices={name: f"{name}: {text}" for name, text in LAUNCHERS.items()},
+    )
+    # Optional for the same reason as `cluster`; the deployment's $STRATOFLOW_RAY_ADDRESS
+    # fills it in when empty.
+    ray_address: str = _setting(
+        "",
+        title="Ray cluster address",
+        help="launcher 'ray' only: the Ray cluster to connect to (host:port of its head, or "
+        "'auto' on a Ray node); empty or null: $STRATOFLOW_RAY_ADDRESS.",
+        optional=True,
+    )
+    placement: str = _setting(
+        "pack",
+        title="Placement",
+        help="launcher 'ray' only: how the cluster's members are placed on the Ray nodes.",
+        choices={name: f"{name}: {text}" for name, text in PLACEMENTS.items()},
+    )
+    max_restarts: int = _setting(
+        2,
+        title="Restarts inside the task",
+        help="How many times a cluster whose member died is restarted from the last checkpoint "
+        "before the task fails (a parameter-server worker is restarted in place).",
+        minimum=0,
+        maximum=10,
     )
     loop: str = _setting(
         "custom",
@@ -239,8 +277,9 @@ def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> Train
     """
     validate_params(param_schemas(defaults), conf)
     merged = {**dataclasses.asdict(defaults), **conf}
-    if merged["cluster"] is None:
-        merged["cluster"] = ""  # the Param's default and a cleared form field: no standing cluster
+    for optional in ("cluster", "ray_address"):
+        if merged[optional] is None:
+            merged[optional] = ""  # the Param's default and a cleared form field: not set
     result = build(TrainingConfig, merged, "run conf")
     check_training(result, "run conf")
     return result
@@ -280,6 +319,15 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
                 "multi_worker_mirrored across hosts runs the worker entrypoint on every host "
                 "with its TF_CONFIG (README: Several machines)"
             )
+    if training.launcher == "ray" and training.cluster:
+        raise SpecError(
+            f"{where}.cluster (standing servers) cannot be combined with launcher 'ray': the "
+            "Ray launcher starts the whole cluster itself; clear one of them"
+        )
+    if training.launcher != "ray" and training.ray_address:
+        raise SpecError(
+            f"{where}.ray_address applies to launcher 'ray' only; set launcher 'ray' or clear it"
+        )
     if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
         fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
         raise SpecError(

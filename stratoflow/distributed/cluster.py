@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stratoflow.config.options import STRATEGIES
 from stratoflow.config.training import TrainingConfig, parse_cluster
 
 LOOPBACK = "127.0.0.1"
@@ -77,7 +78,6 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
     Raises:
         ClusterUnreachableError: a server of the run's standing cluster does not answer.
     """
-    from stratoflow.config.options import STRATEGIES
     from stratoflow.distributed.launcher import Member
 
     traits = STRATEGIES[training.strategy]
@@ -104,6 +104,7 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
                         layout, job, index, _host_share(training.workers) if job == "worker" else {}
                     ),
                     server=True,
+                    rejoins=job == "worker",
                 )
                 for job, index in layout.members()
                 if job != "chief"
@@ -126,6 +127,45 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
 
         return multi_worker_cluster, "worker 0"
     return (lambda: [Member("training process", TRAINING_MODULE)]), "training process"
+
+
+@dataclass(frozen=True)
+class PlannedMember:
+    """One process a run needs, before it has an address: its name, TF job and index, program."""
+
+    name: str
+    job: str
+    index: int
+    module: str
+    server: bool = False
+    rejoins: bool = False
+
+
+def planned_members(training: TrainingConfig) -> tuple[list[PlannedMember], str]:
+    """The processes a run needs wherever they are placed (the Ray launcher's plan), and which
+    one reports the result: the same roles `training_members` gives local processes."""
+    traits = STRATEGIES[training.strategy]
+    if traits.uses_ps:
+        servers = [
+            PlannedMember(f"{job} {index}", job, index, SERVER_MODULE, True, job == "worker")
+            for job, count in (("worker", training.workers), ("ps", training.ps))
+            for index in range(count)
+        ]
+        return [*servers, PlannedMember("coordinator", "chief", 0, TRAINING_MODULE)], "coordinator"
+    if traits.uses_workers:
+        workers = [
+            PlannedMember(f"worker {index}", "worker", index, TRAINING_MODULE)
+            for index in range(training.workers)
+        ]
+        return workers, "worker 0"
+    return [PlannedMember("training process", "", 0, TRAINING_MODULE)], "training process"
+
+
+def member_env(layout: ClusterLayout | None, member: PlannedMember) -> dict[str, str]:
+    """The TF_CONFIG (and gRPC setting) of a planned member in `layout` (none alone)."""
+    if layout is None or not member.job:
+        return {}
+    return _env(layout, member.job, member.index)
 
 
 def check_reachable(jobs: dict[str, list[str]], timeout_seconds: float = 5.0) -> None:

@@ -4,7 +4,14 @@ A native TensorFlow crash (an abort in a kernel) kills the process it happens in
 child turns it into a failed task with a clear message, instead of a dead Airflow worker or a DAG
 run stuck in "running". A multi-process cluster is supervised as a whole: every wait is bounded,
 the first member to die takes the others down, and the message names it and quotes its log.
-This is the only module that starts or watches processes.
+
+A member that was killed or lost (not one that failed with an error) is recovered inside the
+task, up to the run's `max_restarts`: a parameter-server worker is started again in place and
+rejoins while training goes on (TensorFlow's coordinator reschedules its steps); any other loss
+restarts the whole cluster, which resumes from the last checkpoint. The supervision here is
+shared with the Ray launcher (`stratoflow.distributed.ray_launcher`), whose members are Ray
+actors instead of local processes.
+This is the only module that starts or watches local processes.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ logger = logging.getLogger(__name__)
 LOG_TAIL_LINES = 30
 # A member prints this line once it is up (imports done, strategy or server created).
 READY_MARKER = "STRATOFLOW-READY"
+# The result member prints this line when its first training step is done.
+FIRST_STEP_MARKER = "STRATOFLOW-FIRST-STEP"
 # Once one member is up, the others must be up within this long, or the cluster is failed
 # (the default of `run_cluster`'s `ready_timeout_seconds`).
 READY_TIMEOUT_SECONDS = 30.0
@@ -38,12 +47,24 @@ READY_TIMEOUT_SECONDS = 30.0
 START_TIMEOUT_SECONDS = 240.0
 # Members still running this long after the result member finished are killed.
 SHUTDOWN_GRACE_SECONDS = 30.0
+# The result member's errors that mean a peer went away (killed, its node dead or cut off).
+PEER_LOSS_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
+# How long a peer's own loss may take to show after the result member failed on it.
+PEER_LOSS_GRACE_SECONDS = 30.0
 PORT_CLASH_MESSAGES = ("Could not start gRPC server", "Address already in use")
 _PR_SET_PDEATHSIG = 1
 
 
 class ChildProcessFailed(RuntimeError):
     """A child process exited non-zero or was killed; the message carries its last log lines."""
+
+
+class MemberLost(ChildProcessFailed):
+    """A member was killed by a signal or lost with its node: a restart may get past it."""
+
+    def __init__(self, message: str, member: str):
+        super().__init__(message)
+        self.member = member
 
 
 @dataclass
@@ -55,6 +76,68 @@ class Member:
     env: dict[str, str] = field(default_factory=dict)
     # A long-running server: it never exits by itself and is stopped when the work is done.
     server: bool = False
+    # A parameter-server worker: when lost, it is started again in place (same address) and
+    # rejoins; the coordinator reruns its steps meanwhile.
+    rejoins: bool = False
+
+
+@dataclass
+class Restart:
+    """One recovery: which member was lost, why, and when training went on again."""
+
+    number: int
+    member: str
+    reason: str
+    in_place: bool
+    failed_at: float  # time.time()
+    training_again_at: float | None = None
+
+    @property
+    def seconds_to_recover(self) -> float | None:
+        """Seconds from the loss to training again (the rejoined worker up, or the restarted
+        cluster's first step); None if that never came."""
+        if self.training_again_at is None:
+            return None
+        return self.training_again_at - self.failed_at
+
+
+class Restarts:
+    """A run's restart budget (`max_restarts`) and the restarts it spent, across clusters."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.events: list[Restart] = []
+
+    def allowed(self) -> bool:
+        return len(self.events) < self.limit
+
+    def record(self, member: str, reason: str, in_place: bool) -> Restart:
+        event = Restart(len(self.events) + 1, member, reason, in_place, time.time())
+        self.events.append(event)
+        logger.warning(
+            "restart %d/%d: %s was lost (%s); %s",
+            event.number,
+            self.limit,
+            member,
+            reason,
+            "starting it again in place, training goes on"
+            if in_place
+            else "restarting the cluster from its last checkpoint",
+        )
+        return event
+
+    def training_again(self, in_place: bool, member: str | None = None) -> None:
+        """Note the time training went on after the open restarts (of `member`, if given)."""
+        for event in self.events:
+            if event.training_again_at is not None or event.in_place != in_place:
+                continue
+            if member is None or event.member == member:
+                event.training_again_at = time.time()
+                logger.info(
+                    "training again %.1f s after %s was lost",
+                    event.seconds_to_recover,
+                    event.member,
+                )
 
 
 def run_python_module(
@@ -86,78 +169,185 @@ def run_cluster(
     timeout_seconds: float | None = None,
     attempts: int = 3,
     ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
+    restarts: Restarts | None = None,
 ) -> dict[str, Any]:
     """Start a cluster, supervise it until member `result_from` finishes, return its result.
 
     Args:
-        build_members: makes the members (called again, with fresh ports, after a port clash).
+        build_members: makes the members (called again, with fresh ports, after a port clash
+            or for a restart).
         result_from: the member whose result file is the cluster's result.
         payload: JSON-able input, the same file for every member.
-        timeout_seconds: fail if the whole run takes longer.
+        timeout_seconds: fail if one start of the cluster takes longer.
         attempts: how many times a port clash at start-up is retried.
         ready_timeout_seconds: once one member is up, how long the others have to come up.
+        restarts: the budget for members that are killed or lost (none by default); it records
+            each restart, also when the run fails in the end.
 
     Raises:
-        ChildProcessFailed: a member died, never came up, or the run timed out; every other
-            member has been killed by then.
+        ChildProcessFailed: a member failed, never came up, or the run timed out, or members
+            were lost more often than `restarts` allows; every other member has been killed by
+            then.
     """
-    for attempt in range(1, attempts + 1):
+
+    def start_once() -> dict[str, Any]:
+        for attempt in range(1, attempts + 1):
+            try:
+                return _LocalCluster(
+                    build_members(),
+                    result_from,
+                    payload,
+                    timeout_seconds,
+                    ready_timeout_seconds,
+                    restarts or Restarts(0),
+                ).run()
+            except PortClash as clash:
+                logger.warning(
+                    "port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash
+                )
+        raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
+
+    return with_restarts(start_once, restarts or Restarts(0))
+
+
+def with_restarts(start_once: Callable[[], dict[str, Any]], restarts: Restarts) -> dict[str, Any]:
+    """Run `start_once` again after each lost member while `restarts` allows; its result.
+
+    Raises:
+        MemberLost: a member was lost once more than `restarts` allows (the message says so).
+        ChildProcessFailed: any other failure, at once (an error does not go away by itself).
+    """
+    while True:
         try:
-            return _Cluster(
-                build_members(), result_from, payload, timeout_seconds, ready_timeout_seconds
-            ).run()
-        except _PortClash as clash:
-            logger.warning("port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash)
-    raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
+            return start_once()
+        except MemberLost as lost:
+            if not restarts.allowed():
+                if restarts.limit:
+                    raise MemberLost(
+                        f"{lost}\n(no restart left: max_restarts {restarts.limit} spent)",
+                        lost.member,
+                    ) from None
+                raise
+            restarts.record(lost.member, str(lost).split(". Last", 1)[0], in_place=False)
 
 
-class _PortClash(Exception):
-    pass
+class PortClash(Exception):
+    """A member could not bind its port (another process took it): start again, fresh ports."""
 
 
-class _Running:
-    """A started member: its process, a thread streaming its output, its last lines."""
+class Running:
+    """A started member as the supervision sees it (a local process, or a Ray actor's).
 
-    def __init__(self, member: Member, command: list[str], env: dict[str, str]):
+    Subclasses start the member and implement `poll`, `kill`, `result` and `where`; the reader
+    of its output calls `take_line` with every line.
+    """
+
+    def __init__(self, member: Member):
         self.member = member
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.ready_at: float | None = None
+        self.first_step_at: float | None = None
+        # When it was started again in place (a rejoining parameter-server worker).
+        self.restarted_at: float | None = None
+
+    def take_line(self, line: str) -> None:
+        if line == READY_MARKER:
+            self.ready_at = time.monotonic()
+            return
+        if line == FIRST_STEP_MARKER:
+            self.first_step_at = time.monotonic()
+            return
+        self.tail.append(line)
+        logger.info("[%s] %s", self.member.name, line)
+
+    def refresh(self) -> None:
+        """Take what the member did since the last call (a Ray actor is asked; a local process
+        needs nothing)."""
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> None:
+        raise NotImplementedError
+
+    def result(self) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def where(self) -> str:
+        raise NotImplementedError
+
+    def lost_reason(self) -> str | None:
+        """Why the member is gone although its process may not have exited (its node)."""
+        return None
+
+    def drain(self) -> None:
+        """Wait briefly for the last lines of a member that is being given up."""
+
+    def failure(self, what: str) -> str:
+        self.kill()
+        self.drain()  # the last lines are the ones that explain
+        lines = "\n".join(self.tail)
+        return (
+            f"{self.member.name} ({self.where()}) {what}. "
+            f"Last {len(self.tail)} lines of its log:\n{lines}"
+        )
+
+
+class _Running(Running):
+    """A started local process, a thread streaming its output."""
+
+    def __init__(self, member: Member, command: list[str], env: dict[str, str]):
+        super().__init__(member)
+        self.command, self.env = command, env
+        self._start()
+
+    def _start(self) -> None:
         self.process = subprocess.Popen(
-            command,
+            self.command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
             bufsize=1,
-            env=env,
+            env=self.env,
             preexec_fn=die_with_parent(signal.SIGKILL),
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         logger.info(
-            "%s started (pid %d): python -m %s", member.name, self.process.pid, member.module
+            "%s started (pid %d): python -m %s",
+            self.member.name,
+            self.process.pid,
+            self.member.module,
         )
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for raw in self.process.stdout:
-            line = raw.rstrip()
-            if line == READY_MARKER:
-                self.ready_at = time.monotonic()
-                continue
-            self.tail.append(line)
-            logger.info("[%s] %s", self.member.name, line)
+            self.take_line(raw.rstrip())
 
-    def failure(self, what: str) -> str:
-        # The reader ends when the output pipe closes: kill first, or a live child (a timeout, a
-        # member that never came up) would keep it open for the whole join.
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def restart(self) -> None:
         self.kill()
-        self.reader.join(timeout=5)  # the last lines are the ones that explain
-        lines = "\n".join(self.tail)
-        return (
-            f"{self.member.name} (pid {self.process.pid}) {what}. "
-            f"Last {len(self.tail)} lines of its log:\n{lines}"
-        )
+        self.ready_at, self.restarted_at = None, time.monotonic()
+        self._start()
+
+    def result(self) -> dict[str, Any] | None:
+        path = Path(self.command[-1])
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def where(self) -> str:
+        return f"pid {self.process.pid}"
+
+    def drain(self) -> None:
+        # The reader ends when the output pipe closes: `failure` kills first, or a live child
+        # would keep it open for the whole join.
+        self.reader.join(timeout=5)
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -165,7 +355,9 @@ class _Running:
         self.process.wait()
 
 
-class _Cluster:
+class Cluster:
+    """Supervises started members (`Running`) until the result member is done."""
+
     def __init__(
         self,
         members: Sequence[Member],
@@ -173,53 +365,28 @@ class _Cluster:
         payload: dict[str, Any],
         timeout_seconds: float | None,
         ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
+        restarts: Restarts | None = None,
     ):
         self.members = members
         self.result_from = result_from
         self.payload = payload
         self.timeout_seconds = timeout_seconds
         self.ready_timeout_seconds = ready_timeout_seconds
+        self.restarts = restarts or Restarts(0)
 
-    def run(self) -> dict[str, Any]:
-        # Also the members' TMPDIR: what they leave there (a worker's scratch checkpoints) goes
-        # with this folder, even when a member is killed before it could clean up.
-        with tempfile.TemporaryDirectory(prefix="stratoflow-child-") as workdir:
-            payload_path = Path(workdir) / "payload.json"
-            payload_path.write_text(json.dumps(self.payload))
-            started = time.time()
-            running: dict[str, tuple[_Running, Path]] = {}
-            try:
-                for member in self.members:
-                    result_path = Path(workdir) / f"result-{len(running)}.json"
-                    command = [
-                        sys.executable,
-                        "-m",
-                        member.module,
-                        str(payload_path),
-                        str(result_path),
-                    ]
-                    env = {
-                        **os.environ,
-                        "TMPDIR": workdir,
-                        **member.env,
-                        "STRATOFLOW_PROCESS_START": str(started),
-                    }
-                    running[member.name] = (_Running(member, command, env), result_path)
-                self._supervise({name: entry[0] for name, entry in running.items()})
-            finally:
-                for child, _ in running.values():
-                    child.kill()
-            chief, result_path = running[self.result_from]
-            result = json.loads(result_path.read_text()) if result_path.exists() else None
-            if result is not None and "error" in result:
-                raise ChildProcessFailed(
-                    f"{self.result_from} (pid {chief.process.pid}) failed: {result['error']}"
-                )
-            if result is None:
-                raise ChildProcessFailed(chief.failure("exited 0 but wrote no result"))
-            return dict(result)
+    def result_of(self, chief: Running) -> dict[str, Any]:
+        """The result member's result, or the error it reported, raised."""
+        result = chief.result()
+        if result is not None and "error" in result:
+            message = f"{self.result_from} ({chief.where()}) failed: {result['error']}"
+            if _is_peer_loss(result["error"]):
+                raise MemberLost(message, self.result_from)
+            raise ChildProcessFailed(message)
+        if result is None:
+            raise ChildProcessFailed(chief.failure("exited 0 but wrote no result"))
+        return dict(result)
 
-    def _supervise(self, running: dict[str, _Running]) -> None:
+    def supervise(self, running: dict[str, Running]) -> None:
         """Return once the result member exited 0; raise as soon as anything goes wrong."""
         start = time.monotonic()
         result_member = running[self.result_from]
@@ -227,22 +394,31 @@ class _Cluster:
         while True:
             now = time.monotonic()
             for child in running.values():
-                returncode = child.process.poll()
-                if returncode is None:
+                child.refresh()
+            self._note_training(running, result_member)
+            for child in running.values():
+                returncode = child.poll()
+                lost = child.lost_reason()
+                if returncode is None and lost is None:
                     continue
-                if child is result_member:
+                if child is result_member and lost is None:
                     if returncode == 2:
-                        return  # it reported its own error in its result file; `run` raises it
+                        # It reported its own error in its result file; `run` raises it, unless
+                        # that error was a peer going away: then the peer is named (and lost).
+                        self._blame_lost_peer(child, running)
+                        return
                     if returncode != 0:
                         self._fail(child, returncode, running)
-                elif returncode != 0 or child.member.server:
+                elif lost is not None or returncode != 0 or child.member.server:
+                    if self._rejoin(child, returncode, result_member):
+                        continue
                     self._fail(child, returncode, running)
-            if result_member.process.poll() == 0:
+            if result_member.poll() == 0:
                 finished_at = finished_at or now
                 others = [
                     c for c in running.values() if c is not result_member and not c.member.server
                 ]
-                if all(c.process.poll() is not None for c in others):
+                if all(c.poll() is not None for c in others):
                     return
                 if now - finished_at > SHUTDOWN_GRACE_SECONDS:
                     logger.warning("members still running after the result: killing them")
@@ -256,20 +432,75 @@ class _Cluster:
                 )
             time.sleep(0.1)
 
-    def _fail(self, child: _Running, returncode: int, running: dict[str, _Running]) -> None:
+    def _blame_lost_peer(self, chief: Running, running: dict[str, Running]) -> None:
+        """The chief failed because a peer went away: wait a little for the peer's own loss to
+        show (a dead node takes Ray seconds to report) and fail naming it."""
+        result = chief.result()
+        if not (result and _is_peer_loss(str(result.get("error", "")))):
+            return
+        deadline = time.monotonic() + PEER_LOSS_GRACE_SECONDS
+        while time.monotonic() < deadline:
+            for child in running.values():
+                if child is chief:
+                    continue
+                child.refresh()
+                returncode = child.poll()
+                if child.lost_reason() is not None or (returncode is not None and returncode != 0):
+                    self._fail(child, returncode, running)
+            time.sleep(0.2)
+
+    def _note_training(self, running: dict[str, Running], result_member: Running) -> None:
+        if result_member.first_step_at is not None:
+            self.restarts.training_again(in_place=False)
+        for child in running.values():
+            if child.restarted_at is not None and child.ready_at is not None:
+                self.restarts.training_again(in_place=True, member=child.member.name)
+                child.restarted_at = None
+
+    def _rejoin(self, child: Running, returncode: int | None, result_member: Running) -> bool:
+        """Start a lost parameter-server worker again in place, if it may; True if it was."""
+        if not (
+            child.member.rejoins
+            and child.lost_reason() is None
+            and _is_loss(returncode)
+            and result_member.poll() is None
+            and self.restarts.allowed()
+        ):
+            return False
+        assert returncode is not None
+        self.restarts.record(child.member.name, _describe_exit(returncode), in_place=True)
+        child.restart()
+        return True
+
+    def _fail(self, child: Running, returncode: int | None, running: dict[str, Running]) -> None:
         for other in running.values():
             if other is not child:
                 other.kill()
-        message = child.failure(_describe_exit(returncode))
+        lost = child.lost_reason()
+        message = child.failure(lost or _describe_exit(returncode or 0))
         if any(clash in message for clash in PORT_CLASH_MESSAGES):
-            raise _PortClash(message)
+            raise PortClash(message)
+        if lost is not None or _is_loss(returncode):
+            raise MemberLost(message, child.member.name)
         raise ChildProcessFailed(message)
 
-    def _check_start(self, running: dict[str, _Running], elapsed: float) -> None:
+    def _check_start(self, running: dict[str, Running], elapsed: float) -> None:
         if len(running) == 1:
             return  # a single process has no peers to wait for
+        now = time.monotonic()
+        for child in running.values():
+            if child.restarted_at is not None and now - child.restarted_at > START_TIMEOUT_SECONDS:
+                raise ChildProcessFailed(
+                    child.failure(
+                        f"was started again but not up within {START_TIMEOUT_SECONDS:.0f} s"
+                    )
+                )
         ready = [c.ready_at for c in running.values() if c.ready_at is not None]
-        waiting = [c for c in running.values() if c.ready_at is None and c.process.poll() is None]
+        waiting = [
+            c
+            for c in running.values()
+            if c.ready_at is None and c.poll() is None and c.restarted_at is None
+        ]
         if not waiting:
             return
         if ready and time.monotonic() - min(ready) > self.ready_timeout_seconds:
@@ -286,6 +517,51 @@ class _Cluster:
                     f"no cluster member came up within {START_TIMEOUT_SECONDS:.0f} s"
                 )
             )
+
+
+class _LocalCluster(Cluster):
+    """The members as child processes of this one."""
+
+    def run(self) -> dict[str, Any]:
+        # Also the members' TMPDIR: what they leave there (a worker's scratch checkpoints) goes
+        # with this folder, even when a member is killed before it could clean up.
+        with tempfile.TemporaryDirectory(prefix="stratoflow-child-") as workdir:
+            payload_path = Path(workdir) / "payload.json"
+            payload_path.write_text(json.dumps(self.payload))
+            started = time.time()
+            running: dict[str, Running] = {}
+            try:
+                for member in self.members:
+                    result_path = Path(workdir) / f"result-{len(running)}.json"
+                    command = [
+                        sys.executable,
+                        "-m",
+                        member.module,
+                        str(payload_path),
+                        str(result_path),
+                    ]
+                    env = {
+                        **os.environ,
+                        "TMPDIR": workdir,
+                        **member.env,
+                        "STRATOFLOW_PROCESS_START": str(started),
+                    }
+                    running[member.name] = _Running(member, command, env)
+                self.supervise(running)
+            finally:
+                for child in running.values():
+                    child.kill()
+            return self.result_of(running[self.result_from])
+
+
+def _is_peer_loss(error: str) -> bool:
+    """A training error that means another member went away (TensorFlow's gRPC errors)."""
+    return error.startswith(PEER_LOSS_ERRORS)
+
+
+def _is_loss(returncode: int | None) -> bool:
+    """Killed from outside (a kill, the OOM killer, a preemption), not a crash or an error."""
+    return returncode is not None and -returncode in (signal.SIGKILL, signal.SIGTERM)
 
 
 def _describe_exit(returncode: int) -> str:

@@ -8,9 +8,11 @@ it.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import secrets
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,10 @@ TRIGGERER = "airflow-triggerer"
 AIRFLOW_COMPONENTS = (API_SERVER, SCHEDULER, DAG_PROCESSOR, TRIGGERER)
 # Start order; `down` stops them in reverse.
 COMPONENTS = (POSTGRES, MLFLOW, *AIRFLOW_COMPONENTS)
+# A single-node Ray cluster for `launcher: ray` runs, started on request (`services up --ray`):
+# an idle head costs about 675 MB (docs/BENCHMARKS.md, "Facts"). Stopped first by `down`.
+RAY_HEAD = "ray-head"
+RAY_CLIENT = "ray-client"
 
 HOST = "127.0.0.1"
 ADMIN_USER = "admin"
@@ -59,6 +65,8 @@ def new_secrets() -> dict[str, str]:
         "mlflow_admin_password": secrets.token_urlsafe(18),
         "mlflow_service_password": secrets.token_urlsafe(18),
         "mlflow_secret_key": secrets.token_urlsafe(32),
+        # Ray's token authentication (the head and the tasks that drive it); Ray's own format.
+        "ray_auth_token": secrets.token_hex(32),
     }
 
 
@@ -110,6 +118,18 @@ class StackConfig:
         return f"http://{HOST}:{self.ports[API_SERVER]}"
 
     @property
+    def ray_address(self) -> str:
+        """The Ray head's GCS address, or "" when the stack runs no Ray head."""
+        return f"{HOST}:{self.ports[RAY_HEAD]}" if RAY_HEAD in self.ports else ""
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """Ray's session folder: short (Ray's socket paths must fit 107 bytes), one per stack,
+        and not Ray's default `/tmp/ray`, whose `ray_current_cluster` outlives `ray stop`."""
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"stratoflow-ray-{digest}"
+
+    @property
     def admin_password(self) -> str:
         return self.secrets["airflow_admin_password"]
 
@@ -143,6 +163,15 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
     """
     if component == POSTGRES:
         return dict(postgres.SERVER_ENVIRONMENT)
+    if component == RAY_HEAD:
+        return {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": config.secrets["ray_auth_token"],
+            # With --node-ip-address=127.0.0.1, every Ray server of this single node binds
+            # loopback only (Ray then refuses other nodes, which a local stack has none of).
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
     if component == MLFLOW:
         return {
             "MLFLOW_BACKEND_STORE_URI": config.database_uri("mlflow"),
@@ -195,6 +224,11 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         settings.DATA_DIR_ENV: str(config.data_dir),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PYTHONPATH": str(settings.PROJECT_ROOT),
+        # `launcher: ray` runs drive the stack's Ray head, if it runs one ("" otherwise: such a
+        # run is refused, naming ray_address), with its token.
+        settings.RAY_ADDRESS_ENV: config.ray_address,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": config.secrets["ray_auth_token"],
     }
 
 
@@ -228,6 +262,20 @@ def command(component: str, config: StackConfig) -> list[str]:
             "--serve-artifacts",
             "--app-name",
             "basic-auth",
+        ]
+    if component == RAY_HEAD:
+        return [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            "--head",
+            "--block",
+            f"--node-ip-address={HOST}",
+            f"--port={config.ports[RAY_HEAD]}",
+            f"--ray-client-server-port={config.ports[RAY_CLIENT]}",
+            f"--num-cpus={os.cpu_count() or 1}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={config.ray_temp_dir}",
         ]
     airflow = [sys.executable, "-m", "airflow"]
     if component == API_SERVER:

@@ -13,7 +13,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +41,8 @@ from stratoflow.services.config import (
     MLFLOW_ADMIN_USER,
     MLFLOW_SERVICE_USER,
     POSTGRES,
+    RAY_CLIENT,
+    RAY_HEAD,
     SCHEDULER,
     StackConfig,
     command,
@@ -117,8 +121,13 @@ class Stack:
 
     # ----- lifecycle -------------------------------------------------------------------------
 
-    def up(self, timeout_seconds: float = START_TIMEOUT_SECONDS) -> StartReport:
+    def up(
+        self, timeout_seconds: float = START_TIMEOUT_SECONDS, *, ray: bool = False
+    ) -> StartReport:
         """Start every component and wait until each is healthy.
+
+        With `ray`, also a single-node Ray head on 127.0.0.1 (token auth, no dashboard), which
+        the Airflow tasks' `launcher: ray` runs use ($STRATOFLOW_RAY_ADDRESS).
 
         Raises:
             ServiceError: the stack already runs, or a component did not become healthy in
@@ -134,8 +143,10 @@ class Stack:
         deadline = started + timeout_seconds
         timings: dict[str, float] = {}
         self.processes, self.retired = {}, []
-        self.config = self._prepare_config()
+        self.config = self._prepare_config(ray)
         try:
+            if ray:  # its start (10-30 s) overlaps PostgreSQL's and the migrations
+                self.start_component(RAY_HEAD)
             self._start_postgres(deadline)
             timings[POSTGRES] = time.monotonic() - started
             mark = time.monotonic()
@@ -152,6 +163,9 @@ class Stack:
             timings[MLFLOW] = time.monotonic() - mark
             self.wait_healthy(API_SERVER, deadline)
             timings["airflow"] = time.monotonic() - mark
+            if ray:
+                self.wait_healthy(RAY_HEAD, deadline)
+                timings[RAY_HEAD] = time.monotonic() - mark
         except BaseException:
             self.down()
             raise
@@ -170,9 +184,11 @@ class Stack:
             # What a killed component left behind (e.g. idle executor workers): no grace.
             terminate_group(process, "leftovers", RETIRED_GRACE_SECONDS)
         self.retired = []
-        for component in reversed(COMPONENTS):
+        for component in (RAY_HEAD, *reversed(COMPONENTS)):
             if component in self.processes:
                 self.stop_component(component)
+        if self.config is not None:
+            shutil.rmtree(self.config.ray_temp_dir, ignore_errors=True)
         self._save_state()
 
     def start_component(self, component: str) -> None:
@@ -253,6 +269,11 @@ class Stack:
             MLFLOW: lambda: http_problem(f"{config.mlflow_uri}/health", lambda body: None),
             API_SERVER: lambda: http_problem(
                 f"{config.api_url}/api/v2/monitor/health", airflow_health_problem
+            ),
+            # The GCS, and the Ray Client server, which starts last.
+            RAY_HEAD: lambda: (
+                tcp_problem(HOST, config.ports[RAY_HEAD])
+                or tcp_problem(HOST, config.ports[RAY_CLIENT])
             ),
         }
 
@@ -393,18 +414,18 @@ class Stack:
 
     # ----- state -----------------------------------------------------------------------------
 
-    def _prepare_config(self) -> StackConfig:
+    def _prepare_config(self, ray: bool = False) -> StackConfig:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # Others may pass through to postgres/ (owned by the postgres user) but not list or
         # read anything here.
         self.state_dir.chmod(0o711)
         secrets_path = self.state_dir / SECRETS_FILE
-        if secrets_path.is_file():
-            stack_secrets = json.loads(secrets_path.read_text())
-        else:
-            stack_secrets = new_secrets()
+        stack_secrets = json.loads(secrets_path.read_text()) if secrets_path.is_file() else {}
+        if set(new_secrets()) - set(stack_secrets):  # a new stack, or one from before a secret
+            stack_secrets = {**new_secrets(), **stack_secrets}
             write_private(secrets_path, stack_secrets)
-        ports = dict(zip((POSTGRES, MLFLOW, API_SERVER), free_ports(3), strict=True))
+        components = (POSTGRES, MLFLOW, API_SERVER, *((RAY_HEAD, RAY_CLIENT) if ray else ()))
+        ports = dict(zip(components, free_ports(len(components)), strict=True))
         config = StackConfig(
             state_dir=self.state_dir,
             ports=ports,
@@ -501,10 +522,27 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
         f"mlflow_admin_password in {stack.state_dir / SECRETS_FILE})",
         f"  PostgreSQL:              {HOST}:{config.ports[POSTGRES]} (databases "
         f"{', '.join(DATABASES)})",
+        *(
+            [
+                f"  Ray head:                {config.ray_address} (token: ray_auth_token in "
+                f"{stack.state_dir / SECRETS_FILE}; `launcher: ray` runs use it)"
+            ]
+            if config.ray_address
+            else []
+        ),
         f"  logs: {config.logs_dir}",
         "",
     ]
     return "\n".join(lines)
+
+
+def tcp_problem(host: str, port: int) -> str | None:
+    """Why nothing accepts a TCP connection on host:port, or None."""
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError as error:
+        return f"{host}:{port}: {error}"
+    return None
 
 
 def airflow_health_problem(body: Any) -> str | None:

@@ -13,6 +13,8 @@ import socket
 from importlib import metadata
 from typing import Any
 
+from stratoflow.config import names
+
 # Distribution names whose versions a run records (a missing one is recorded as null).
 PACKAGES = (
     "tensorflow-cpu",
@@ -38,7 +40,8 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
         `versions` (Python and the packages above), `host` (name, platform, CPU count, CPUs this
         process may use, memory), `devices` (physical and logical, as TensorFlow lists them) and
         `cluster` (workers, ps, the TF_CONFIG jobs with their addresses and this process's
-        task; no jobs for a single-process strategy).
+        task, and the node of every member when a launcher placed them on several nodes;
+        no jobs for a single-process strategy).
     """
     import psutil
     import tensorflow as tf
@@ -72,6 +75,8 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
             "workers": result["num_workers"],
             "ps": len(jobs.get("ps", [])),
             "task": tf_config.get("task"),
+            # member name -> its node, when a launcher placed the members on several nodes
+            "nodes": json.loads(os.environ.get(names.NODES_ENV) or "{}"),
         },
     }
 

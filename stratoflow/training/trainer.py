@@ -31,7 +31,7 @@ from stratoflow.config.training import DEFAULT_CACHE_BUDGET_MB
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batches
 from stratoflow.distributed.cluster import workers_in_cluster
-from stratoflow.distributed.launcher import READY_MARKER
+from stratoflow.distributed.launcher import FIRST_STEP_MARKER, READY_MARKER
 from stratoflow.training.models import build_pipeline_model
 from stratoflow.training.objectives import Objective, make_optimizer
 from stratoflow.training.strategies import is_chief, make_strategy, rejects_random_layers
@@ -307,6 +307,9 @@ def _refuse_random_layers(model: Any, strategy: str) -> None:
 def _note_first_step(result: TrainingResult, process_start: float) -> None:
     if result.seconds_to_first_step is None:
         result.seconds_to_first_step = time.time() - process_start
+        # The launcher times a restarted cluster's recovery up to this line.
+        sys.stdout.write(FIRST_STEP_MARKER + "\n")
+        sys.stdout.flush()
 
 
 def _make_step_fn(

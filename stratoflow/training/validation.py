@@ -36,23 +36,39 @@ def load_pipeline(name: str) -> PipelineSpec:
     return spec
 
 
-def resolve_run(pipeline: str, conf: Mapping[str, Any], standing_cluster: str = "") -> PipelineSpec:
+def resolve_run(
+    pipeline: str, conf: Mapping[str, Any], standing_cluster: str = "", ray_address: str = ""
+) -> PipelineSpec:
     """Pipeline `pipeline` with a run's Params applied to its training defaults, validated.
 
     Args:
         pipeline: a pipeline name.
         conf: the run's Params (a DAG run's `conf`, or `stratoflow run`'s flags).
         standing_cluster: the deployment's standing parameter-server cluster (JSON), used when
-            the run asks for `parameter_server` without naming a cluster.
+            the run asks for `parameter_server` without naming a cluster (launcher `local`).
+        ray_address: the deployment's Ray cluster, used when the run asks for launcher `ray`
+            without naming an address.
 
     Raises:
         SpecError: an unknown Param, or an invalid value or combination (named in the message).
     """
     spec = load_pipeline(pipeline)
     training = resolve_training(spec.training, conf)
-    if standing_cluster and training.strategy == "parameter_server" and not training.cluster:
+    if (
+        standing_cluster
+        and training.strategy == "parameter_server"
+        and training.launcher == "local"
+        and not training.cluster
+    ):
         training = dataclasses.replace(training, cluster=standing_cluster)
         check_training(training, "run conf")
+    if training.launcher == "ray" and not training.ray_address:
+        if not ray_address:
+            raise SpecError(
+                "run conf.ray_address: launcher 'ray' needs the Ray cluster's address; set "
+                "ray_address (host:port of the head) or $STRATOFLOW_RAY_ADDRESS"
+            )
+        training = dataclasses.replace(training, ray_address=ray_address)
     result = dataclasses.replace(spec, training=training)
     check_model(result, "run conf")
     return result

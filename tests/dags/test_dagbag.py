@@ -276,6 +276,10 @@ def test_params_offer_every_training_setting_with_choices(
         "workers",
         "ps",
         "cluster",
+        "launcher",
+        "ray_address",
+        "placement",
+        "max_restarts",
         "loop",
         "epochs",
         "batch_size",
@@ -287,7 +291,8 @@ def test_params_offer_every_training_setting_with_choices(
     for key, param in params.items():
         default = getattr(spec.training, key)
         # No standing cluster is null in the form (an empty required string would block it).
-        assert param["value"] == (default or None if key == "cluster" else default), key
+        optional = key in ("cluster", "ray_address")
+        assert param["value"] == (default or None if optional else default), key
         assert param["description"], key
         kinds = ("string", "integer", "number", "boolean", ["null", "string"])
         assert param["schema"]["type"] in kinds, key

@@ -41,6 +41,8 @@ MLFLOW_INIT = "mlflow-init"
 POSTGRES = "postgres"
 # Standing TensorFlow servers: service name -> (job, index) in the cluster.
 TF_SERVERS = {"ps-0": ("ps", 0), "worker-0": ("worker", 0), "worker-1": ("worker", 1)}
+RAY_HEAD = "ray-head"
+RAY_NODES = (RAY_HEAD, "ray-worker-0", "ray-worker-1")
 REQUIRED_SERVICES = {
     POSTGRES,
     AIRFLOW_INIT,
@@ -80,6 +82,9 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "TFDS_DATA_DIR",
         "STRATOFLOW_CLUSTER",
         "STRATOFLOW_COORDINATOR_HOST",
+        "STRATOFLOW_RAY_ADDRESS",
+        "RAY_AUTH_MODE",
+        "RAY_AUTH_TOKEN",
     }
 )
 # Only what airflow-init needs on top (it creates the admin's password).
@@ -209,7 +214,7 @@ def test_every_image_is_pinned(services: dict[str, Any], pyproject: dict[str, An
 
 
 def test_project_image_runs_every_stratoflow_service(services: dict[str, Any]) -> None:
-    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, MLFLOW_INIT, *TF_SERVERS):
+    for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES, MLFLOW, MLFLOW_INIT, *TF_SERVERS, *RAY_NODES):
         assert "build" in services[name], f"{name}: must run the project image built here"
 
 
@@ -401,7 +406,7 @@ def test_state_and_datasets_are_shared_volumes(services: dict[str, Any]) -> None
         "TFDS_DATA_DIR": set(),
         "STRATOFLOW_PIPELINES_PATH": set(),
     }
-    for name in (*AIRFLOW_SERVICES, *TF_SERVERS):
+    for name in (*AIRFLOW_SERVICES, *TF_SERVERS, *RAY_NODES):
         env, targets = env_of(services[name]), volume_targets(services[name])
         for variable, volumes in mounts.items():
             path = env.get(variable)
@@ -421,6 +426,27 @@ def mlflow_server_command(service: dict[str, Any]) -> list[str]:
         "deploy/mlflow-server.sh does not end by running `mlflow server` with its arguments"
     )
     return ["mlflow", "server", *service.get("command", [])]
+
+
+def test_the_ray_cluster_authenticates_and_the_airflow_tasks_reach_its_head(
+    services: dict[str, Any],
+) -> None:
+    tokens = set()
+    for name in RAY_NODES:
+        env = env_of(services[name])
+        assert env["RAY_AUTH_MODE"] == "token", f"{name}: Ray's token authentication is off"
+        tokens.add(env["RAY_AUTH_TOKEN"])
+        command = services[name]["entrypoint"]
+        assert command[:2] == ["ray", "start"] and "--block" in command, name
+        if name == RAY_HEAD:
+            assert "--include-dashboard=false" in command and "--num-cpus=0" in command
+        else:
+            assert "--address=ray-head:6379" in command, name
+    for name in AIRFLOW_SERVICES:
+        env = env_of(services[name])
+        assert env["STRATOFLOW_RAY_ADDRESS"] == f"ray://{RAY_HEAD}:10001", name
+        tokens.add(env["RAY_AUTH_TOKEN"])
+    assert tokens == {"${RAY_AUTH_TOKEN:?set RAY_AUTH_TOKEN in .env}"}
 
 
 def test_airflow_requires_login(services: dict[str, Any]) -> None:
@@ -503,6 +529,8 @@ COMPOSE_ONLY_AIRFLOW_ENV = {
     # The containers' mount of the team's pipelines; the local stack passes on the user's own.
     "STRATOFLOW_PIPELINES_PATH",
 }
+# The Ray settings are in both: compose reaches its Ray head through Ray Client, the local stack
+# its own head (`services up --ray`; empty address without one).
 LOCAL_ONLY_AIRFLOW_ENV = {
     "AIRFLOW_HOME",  # the image sets it
     "PYTHONPATH",  # the image installs the project

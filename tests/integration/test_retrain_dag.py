@@ -271,8 +271,11 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
     tags = [name for name in backticked(readme_bullet(section, "tags")) if ":" not in name]
-    assert len(tags) == 14, tags
-    assert [tag for tag in tags if not run.data.tags.get(tag)] == []
+    assert len(tags) == 16, tags
+    member_tags = [tag for tag in tags if tag.endswith(".<member>")]
+    assert member_tags == ["node.<member>"]
+    assert run.data.tags.get("node.all_members")  # the local launcher: every member here
+    assert [tag for tag in tags if tag not in member_tags and not run.data.tags.get(tag)] == []
     assert run.data.tags["dataset"] == f"{config['dataset']['name']}:{config['dataset']['version']}"
 
     params = backticked(readme_bullet(section, "params"))
@@ -297,7 +300,10 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     for name in per_epoch_names:
         assert metric_steps(mlflow_client, run.info.run_id, name) == list(range(1, 9)), name
     once_names = [name for name in backticked(once) if not name.isupper()]
-    assert len(once_names) == 12, once_names
+    assert len(once_names) == 14, once_names
+    # Logged only after a recovery inside the task, and this run had none.
+    assert run.data.metrics["restarts"] == 0
+    once_names.remove("recovery_seconds")
     logged = set(run.data.metrics)
     for name in once_names:
         if name.endswith("<k>"):

@@ -157,6 +157,23 @@ def test_the_runner_home_is_inside_the_state_dir() -> None:
             {"strategy": "parameter_server", "cluster": '{"worker": ["w:1"]}'},
             'run conf.cluster must be a JSON object like {"worker"',
         ),
+        (
+            {"launcher": "slurm"},
+            "Invalid input for param launcher: 'slurm' is not one of ['local', 'ray']",
+        ),
+        ({"max_restarts": -1}, "Invalid input for param max_restarts: -1 is less than the minimum"),
+        ({"max_restarts": 11}, "Invalid input for param max_restarts: 11 is greater than the max"),
+        ({"placement": "anywhere"}, "Invalid input for param placement: 'anywhere' is not one of"),
+        ({"ray_address": "head:6379"}, "run conf.ray_address applies to launcher 'ray' only"),
+        (
+            {
+                "launcher": "ray",
+                "ray_address": "head:6379",
+                "strategy": "parameter_server",
+                "cluster": '{"worker": ["w:1"], "ps": ["p:2"]}',
+            },
+            "run conf.cluster (standing servers) cannot be combined with launcher 'ray'",
+        ),
     ],
 )
 def test_check_conf_refuses_what_airflow_or_the_first_task_would(
@@ -188,6 +205,28 @@ def test_no_standing_cluster_is_null_empty_or_omitted(
     standing = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
     monkeypatch.setenv(settings.CLUSTER_ENV, standing)
     assert resolve_config("mnist", conf).training.cluster == standing
+
+
+@pytest.mark.parametrize("address", [None, "", "omitted"])
+def test_launcher_ray_takes_its_address_from_the_run_or_the_deployment(
+    address: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = {"launcher": "ray"} | ({} if address == "omitted" else {"ray_address": address})
+    monkeypatch.delenv(settings.RAY_ADDRESS_ENV, raising=False)
+    with pytest.raises(SpecError, match="launcher 'ray' needs the Ray cluster's address"):
+        runner.check_conf("mnist", conf)
+    monkeypatch.setenv(settings.RAY_ADDRESS_ENV, "ray-head:6379")
+    runner.check_conf("mnist", conf)
+    assert resolve_config("mnist", conf).training.ray_address == "ray-head:6379"
+    named = resolve_config("mnist", {"launcher": "ray", "ray_address": "other:6379"})
+    assert named.training.ray_address == "other:6379"  # the run's own address wins
+
+
+def test_a_standing_cluster_is_not_used_by_launcher_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    standing = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
+    monkeypatch.setenv(settings.CLUSTER_ENV, standing)
+    conf = {"strategy": "parameter_server", "launcher": "ray", "ray_address": "head:6379"}
+    assert resolve_config("mnist", conf).training.cluster == ""
 
 
 def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(

@@ -1,7 +1,8 @@
 """A tiny child for the launcher tests: echoes value + 1, printing a line a second as it sleeps.
 
 With `"announce": true` in the payload it first prints the launcher's ready marker, after
-`announce_after` seconds if given. The launcher hands every cluster member the same payload;
+`announce_after` seconds if given; with `"exit_code"` it then exits with that status. The
+launcher hands every cluster member the same payload;
 `$ECHO_OVERRIDES` (JSON) changes it for one member.
 """
 
@@ -21,6 +22,8 @@ if payload.get("announce"):  # tell the launcher it is up, as a cluster member d
     time.sleep(float(payload.get("announce_after", 0)))
     sys.stdout.write("STRATOFLOW-READY\n")
     sys.stdout.flush()
+if payload.get("exit_code"):
+    sys.exit(int(payload["exit_code"]))
 for _ in range(int(payload.get("sleep", 0))):
     sys.stdout.write("still sleeping\n")
     sys.stdout.flush()

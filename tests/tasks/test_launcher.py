@@ -112,3 +112,86 @@ def test_training_runs_get_the_documented_30_second_grace():
     (`tasks.train.run_training`) calls `run_cluster` without choosing a grace."""
     default = inspect.signature(run_cluster).parameters["ready_timeout_seconds"].default
     assert default == launcher.READY_TIMEOUT_SECONDS == 30
+
+
+def _kill_each_time(name: str, times: int, run) -> tuple[object, list[int]]:
+    """Run `run` in a thread and SIGKILL echo member `name` each time a new one is up, `times`
+    times; what `run` returned or raised, and the killed pids."""
+    import threading
+
+    outcome: dict[str, object] = {}
+
+    def go() -> None:
+        try:
+            outcome["result"] = run()
+        except ChildProcessFailed as error:
+            outcome["result"] = error
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    killed: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(killed) < times and thread.is_alive():
+        assert time.monotonic() < deadline, "the member never came (back) up"
+        victims = [
+            c
+            for c in cluster_children()
+            if c.environ().get("ECHO_NAME") == name and c.pid not in killed
+        ]
+        if victims:
+            time.sleep(1.5)  # up and announced
+            victims[0].kill()
+            killed.append(victims[0].pid)
+        time.sleep(0.05)
+    thread.join(120)
+    assert not thread.is_alive()
+    return outcome["result"], killed
+
+
+def test_a_rejoining_member_is_started_again_in_place_while_the_result_member_goes_on():
+    """A parameter-server worker (`rejoins`): killed twice, started again twice, the result
+    member never restarted; each restart counted with its time to come up again."""
+    worker = Member("worker 1", ECHO_MODULE, {"ECHO_NAME": "worker 1"}, server=True, rejoins=True)
+    members = [echo("result", announce=True, sleep=12), worker]
+    restarts = launcher.Restarts(2)
+    result, killed = _kill_each_time(
+        "worker 1",
+        2,
+        lambda: run_cluster(
+            lambda: members,
+            "result",
+            {"value": 1, "announce": True, "sleep": 600},
+            restarts=restarts,
+        ),  # fmt: skip
+    )
+    assert result == {"value": 2}
+    assert [(r.member, r.in_place) for r in restarts.events] == [("worker 1", True)] * 2
+    assert all(0 < (r.seconds_to_recover or 0) < 10 for r in restarts.events)
+    assert cluster_children() == []
+
+
+def test_a_lost_member_restarts_the_cluster_until_max_restarts_is_spent():
+    members = [echo("result", announce=True), echo("member 1", announce=True)]
+    restarts = launcher.Restarts(2)
+    error, killed = _kill_each_time(
+        "member 1",
+        3,
+        lambda: run_cluster(lambda: members, "result", {"sleep": 600}, restarts=restarts),
+    )
+    assert isinstance(error, launcher.MemberLost)
+    assert f"member 1 (pid {killed[-1]}) was killed by SIGKILL" in str(error)
+    assert "no restart left: max_restarts 2 spent" in str(error)
+    assert [(r.member, r.in_place) for r in restarts.events] == [("member 1", False)] * 2
+    # Each restarted cluster came up (its result member announced itself) before the next kill.
+    assert len(killed) == 3
+    assert cluster_children() == []
+
+
+def test_an_error_is_not_restarted():
+    members = [echo("result", announce=True), echo("member 1", announce=True, exit_code=3)]
+    restarts = launcher.Restarts(2)
+    with pytest.raises(ChildProcessFailed, match="member 1 .* exited with status 3") as failure:
+        run_cluster(lambda: members, "result", {"sleep": 600}, restarts=restarts)
+    assert not isinstance(failure.value, launcher.MemberLost)
+    assert restarts.events == []
+    assert cluster_children() == []

@@ -1,8 +1,9 @@
 """Multi-process strategies with real worker, ps and coordinator processes on loopback.
 
-Fault tests SIGKILL a real cluster member mid-training and check that the task fails fast,
-leaves no process and no scratch folder behind, and that the retry resumes with every epoch
-logged exactly once.
+Fault tests SIGKILL a real cluster member mid-training and check that the task recovers inside
+the same try (a parameter-server worker rejoins, any other loss restarts the cluster from its
+checkpoint), or, with no restart allowed, fails fast, leaves no process and no scratch folder
+behind, and that the retry resumes with every epoch logged exactly once.
 """
 
 from __future__ import annotations
@@ -119,7 +120,14 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     from tasks import prepare, train
 
     run = new_run("mnist")
-    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 3, "seed": 5}
+    params = {
+        "strategy": strategy,
+        "workers": 2,
+        "ps": 1,
+        "epochs": 3,
+        "seed": 5,
+        "max_restarts": 0,
+    }
     prepared = prepare.prepare("mnist", params, run)
     first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
     job, index = victim.split()
@@ -149,6 +157,57 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
     assert cluster_children() == []
     assert leftovers(private_tmpdir) == []
+
+
+@pytest.mark.parametrize(
+    ("strategy", "victim"),
+    [("multi_worker_mirrored", "worker 1"), ("parameter_server", "worker 1")],
+)
+def test_a_killed_member_is_recovered_inside_the_same_try(
+    tf_runtime, private_tmpdir, strategy, victim
+):
+    """max_restarts 2 (the default): the same `train` call ends well, each epoch logged once."""
+    import threading
+    import time
+
+    from stratoflow.tracking import mlflow_runs
+    from tasks import prepare, train
+
+    run = new_run("mnist")
+    params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 3, "seed": 5}
+    prepared = prepare.prepare("mnist", params, run)
+    first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
+    outcome: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: outcome.update(trained=train.train(run, prepared)))
+    thread.start()
+    deadline = time.monotonic() + 400
+    while not first_checkpoint.exists():
+        assert thread.is_alive() and time.monotonic() < deadline, "no checkpoint before the end"
+        time.sleep(0.05)
+    (target,) = [
+        child
+        for child in cluster_children()
+        if (tf_config_of(child) or {}).get("task") == {"type": "worker", "index": 1}
+    ]
+    target.kill()
+    thread.join(600)
+    assert not thread.is_alive()
+    trained = outcome["trained"]
+    assert isinstance(trained, train.TrainedModel)
+    mlflow_client = mlflow_runs.client()
+    metrics = mlflow_client.get_run(trained.mlflow_run_id).data.metrics
+    assert metrics["restarts"] == 1
+    (recovery,) = mlflow_client.get_metric_history(trained.mlflow_run_id, "recovery_seconds")
+    assert 0 < recovery.value < 120
+    history = mlflow_client.get_metric_history(trained.mlflow_run_id, "loss")
+    assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
+    if strategy == "parameter_server":
+        assert trained.resumed_from_epoch == 0  # training went on: no restart from a checkpoint
+    else:
+        assert trained.resumed_from_epoch >= 1
+    assert cluster_children() == []
+    assert leftovers(private_tmpdir) == []
+    print(f"{strategy}: {victim} killed, training again {recovery.value:.1f} s later")  # noqa: T201
 
 
 def test_a_worker_that_fails_with_an_error_leaves_no_scratch_folder(tf_runtime, private_tmpdir):

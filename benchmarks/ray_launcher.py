@@ -1,0 +1,211 @@
+"""`make bench`'s Ray figures: the `ray` launcher against `local` on the same run, Ray's own
+memory, and the recoveries (a killed worker, a killed host, for both strategies), plus what a
+run does when the Ray head dies.
+
+The Ray cluster is the tests' one (`tests/ray_hosts.py`): a head and two worker hosts as network
+namespaces on this machine. Every run is `tasks.train.train` (the training task's body) started
+on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local` launcher
+runs its members there too and both sides use the same cores. Run alone:
+`python -m benchmarks.ray_launcher` prints the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("benchmarks.ray")
+
+EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted in the throughput
+MWMS = {"strategy": "multi_worker_mirrored", "workers": 2}
+PS = {"strategy": "parameter_server", "workers": 2, "ps": 1}
+
+
+def run(conf: dict[str, Any], out: str) -> None:
+    """Prepare and train one mnist run with `conf` (inside a host); write its figures."""
+    from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tracking import mlflow_runs
+    from tasks import prepare, train
+    from tasks.run_context import AirflowRun
+
+    airflow_run = AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
+    prepared = prepare.prepare("mnist", {**conf, "epochs": EPOCHS}, airflow_run)
+    started = time.time()
+    figures: dict[str, Any] = {"started": started}
+    try:
+        trained = train.train(airflow_run, prepared)
+    except ChildProcessFailed as error:
+        figures["error"] = str(error)[:2000]
+        figures["failed_at"] = time.time()
+    else:
+        client = mlflow_runs.client()
+        rates = sorted(
+            client.get_metric_history(trained.mlflow_run_id, "examples_per_second"),
+            key=lambda metric: metric.step,
+        )
+        metrics = client.get_run(trained.mlflow_run_id).data.metrics
+        recoveries = client.get_metric_history(trained.mlflow_run_id, "recovery_seconds")
+        figures |= {
+            "task_wall_seconds": time.time() - started,
+            "examples_per_second": statistics.median(m.value for m in rates[1:]),
+            "seconds_to_first_step": metrics.get("seconds_to_first_step"),
+            "restarts": metrics.get("restarts"),
+            "recovery_seconds": [m.value for m in recoveries],
+        }
+    Path(out).write_text(json.dumps(figures))
+
+
+class _Figures(dict[str, Any]):
+    """The figures, also written to `path` as each arrives (a long run keeps what it measured)."""
+
+    def __init__(self, path: Path | None):
+        super().__init__()
+        self.path = path
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self.path is not None:
+            self.path.write_text(json.dumps(self, indent=1))
+
+
+def measure(partial: Path | None = None) -> dict[str, Any]:
+    """Every Ray figure of `make bench` (see the module docstring); also written to `partial`
+    as they come, if given."""
+    from tests.ray_hosts import HEAD, ray_hosts
+
+    figures = _Figures(partial)
+    started = time.monotonic()
+    with ray_hosts(workers=2) as hosts:
+        figures["ray_start_seconds"] = time.monotonic() - started
+        figures["ray_memory_mb"] = hosts.ray_memory_mb()
+        figures["ray_processes"] = sum(len(hosts.pids(host)) for host in hosts.hosts)
+
+        def on_head(
+            conf: dict[str, Any], during: Callable[[], Any] | None = None
+        ) -> dict[str, Any]:
+            with tempfile.TemporaryDirectory(prefix="stratoflow-bench-ray-") as folder:
+                out = Path(folder) / "figures.json"
+                command = [sys.executable, "-m", "benchmarks.ray_launcher", "run"]
+                env = {**hosts.env(), "STRATOFLOW_RAY_ADDRESS": hosts.ray_address}
+                process = subprocess.Popen(
+                    hosts.in_host(HEAD, [*command, json.dumps(conf), str(out)]),
+                    env=env,
+                    cwd=Path(__file__).resolve().parents[1],
+                )
+                acted: dict[str, Any] = {}
+                if during is not None:
+                    acted = _at_first_checkpoint(process, during)
+                returncode = process.wait(timeout=1200)
+                if not out.exists():  # the task process itself died (e.g. with the Ray head)
+                    return acted | {
+                        "error": f"the task process died (exit status {returncode})",
+                        "failed_at": time.time(),
+                    }
+                result = json.loads(out.read_text())
+                return result | acted
+
+        for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
+            for launcher in ("local", "ray"):
+                logger.info("%s, launcher %s", name, launcher)
+                figures[f"{name}/{launcher}"] = on_head({**conf, "launcher": launcher})
+
+        def kill_worker_1() -> dict[str, Any]:
+            victim = _member(hosts, "worker", 1)
+            victim.kill()
+            return {"killed_at": time.time()}
+
+        def kill_host_of_worker_1() -> dict[str, Any]:
+            victim = _member(hosts, "worker", 1)
+            host = next(h for h in hosts.worker_hosts if victim.pid in hosts.pids(h))
+            hosts.kill_host(host)
+            return {"killed_at": time.time(), "killed_host": host}
+
+        for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
+            for launcher in ("local", "ray"):
+                logger.info("%s, launcher %s, worker 1 killed", name, launcher)
+                figures[f"{name}/{launcher}/worker killed"] = on_head(
+                    {**conf, "launcher": launcher, "placement": "spread"}, kill_worker_1
+                )
+            logger.info("%s, launcher ray, the host of worker 1 killed", name)
+            figures[f"{name}/ray/host killed"] = on_head(
+                {**conf, "launcher": "ray", "placement": "spread"}, kill_host_of_worker_1
+            )
+            for host in hosts.worker_hosts:
+                if not hosts.pids(host):
+                    hosts.start_node(host)
+
+        def kill_ray_head() -> dict[str, Any]:
+            # The head's Ray processes only: the driver (the training task) lives on.
+            import psutil
+
+            for pid in hosts.pids(HEAD):
+                process = psutil.Process(pid)
+                if "benchmarks.ray_launcher" not in " ".join(process.cmdline()):
+                    process.kill()
+            return {"killed_at": time.time()}
+
+        logger.info("multi_worker_mirrored, launcher ray, the Ray head killed")
+        figures["multi_worker_mirrored/ray/head killed"] = on_head(
+            {**MWMS, "launcher": "ray", "max_restarts": 2}, kill_ray_head
+        )
+    return dict(figures)
+
+
+def _member(hosts: Any, job: str, index: int) -> Any:
+    import psutil
+
+    for host in hosts.worker_hosts + [hosts.hosts[0]]:
+        for pid in hosts.pids(host):
+            try:
+                process = psutil.Process(pid)
+                config = json.loads(process.environ().get("TF_CONFIG") or "{}")
+            except (psutil.Error, json.JSONDecodeError):
+                continue
+            if config.get("task") == {"type": job, "index": index}:
+                return process
+    raise RuntimeError(f"no {job} {index} is running on the hosts")
+
+
+def _at_first_checkpoint(
+    process: subprocess.Popen[bytes], act: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    from stratoflow.config import settings
+
+    since = time.time()
+    runs = settings.state_dir() / "runs"
+    while process.poll() is None:
+        if any(path.stat().st_mtime > since for path in runs.glob("*/*/checkpoints/ckpt-1.index")):
+            return act()
+        time.sleep(0.2)
+    return {}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if sys.argv[1:2] == ["run"]:
+        run(json.loads(sys.argv[2]), sys.argv[3])
+    else:
+        home = Path(tempfile.mkdtemp(prefix="stratoflow-bench-"))
+        from stratoflow.config import settings
+
+        os.environ.update(
+            {
+                settings.DATA_DIR_ENV: str(settings.data_dir()),
+                settings.STATE_DIR_ENV: str(home),
+                settings.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
+                "MLFLOW_DISABLE_TELEMETRY": "true",
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+            }
+        )
+        partial = Path(sys.argv[1]) if sys.argv[1:] else None
+        sys.stdout.write(json.dumps(measure(partial), indent=1) + "\n")

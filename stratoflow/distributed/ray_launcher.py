@@ -1,0 +1,475 @@
+"""Runs a training cluster on a standing Ray cluster: one placement group, one actor per member.
+
+Ray only places, starts, watches and restarts the processes; TensorFlow's own gRPC runtime does
+all the communication. The whole TensorFlow cluster (workers, parameter servers, coordinator) is
+reserved at once as a placement group, one bundle per member, so it starts as a gang or not at
+all. Each bundle holds a small actor (`MemberHost`) that finds the node's address and a free port
+there, then runs the member's program (`python -m stratoflow.training.worker` or
+`stratoflow.distributed.server`, exactly as the local launcher does) as its child, with the
+TF_CONFIG built from every member's node address and port. The driver (this process) supervises
+the actors with the local launcher's rules (`stratoflow.distributed.launcher.Cluster`): their
+output goes to this process's log, the first member lost or failed takes the others down, and a
+lost member (killed, or its node dead or unreachable) restarts the cluster from its last
+checkpoint within the run's `max_restarts`.
+
+Actors of a standing cluster do not inherit this process's environment: what the members need
+(MLflow, the data and state folders) is passed to them explicitly (`FORWARDED_ENV`). The driver
+needs a Ray node on its own host (`ray.init` of an existing cluster connects to the local
+raylet): README, "Several machines".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stratoflow.config import names, settings
+from stratoflow.config.discovery import PIPELINES_PATH_ENV
+from stratoflow.distributed.cluster import ClusterLayout, PlannedMember, free_ports, member_env
+from stratoflow.distributed.launcher import (
+    ChildProcessFailed,
+    Cluster,
+    Member,
+    MemberLost,
+    PortClash,
+    Restarts,
+    Running,
+    die_with_parent,
+    with_restarts,
+)
+
+logger = logging.getLogger(__name__)
+
+# Ray's placement-group strategies by the name a run gives them (`TrainingConfig.placement`).
+PLACEMENT_STRATEGIES = {"pack": "PACK", "spread": "SPREAD", "strict_spread": "STRICT_SPREAD"}
+# How long Ray may take to reserve the whole cluster before the run fails, naming what is free.
+PLACEMENT_TIMEOUT_SECONDS = 120.0
+# Actors placed: how long they may take to report their node (a new worker process imports Ray).
+ACTOR_START_TIMEOUT_SECONDS = 120.0
+# A member whose node has not answered for this long is given up as unreachable.
+UNREACHABLE_SECONDS = 20.0
+# How often each member is asked for its new output and state.
+POLL_INTERVAL_SECONDS = 0.5
+# Variables every member needs from this process: actors get the node's environment, not ours.
+FORWARDED_ENV = (
+    settings.TRACKING_URI_ENV,
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_DISABLE_TELEMETRY",
+    settings.DATA_DIR_ENV,
+    settings.STATE_DIR_ENV,
+    PIPELINES_PATH_ENV,  # a team's own pipelines: each node mounts them at the same path
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_NUM_INTRAOP_THREADS",
+    "PYTHONPATH",
+)
+NAMESPACE = "stratoflow"
+
+
+class RayClusterError(ChildProcessFailed):
+    """The Ray cluster cannot be reached, or cannot place the whole training cluster."""
+
+
+class MemberHost:
+    """The Ray actor behind one member: runs its program as a child on the actor's node.
+
+    The child dies with the actor (`PR_SET_PDEATHSIG`), so a killed actor or node leaves no
+    training process behind.
+    """
+
+    def __init__(self) -> None:
+        self.workdir = tempfile.mkdtemp(prefix="stratoflow-child-")
+        self.process: subprocess.Popen[str] | None = None
+        self.reader: threading.Thread | None = None
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+    def node(self) -> dict[str, Any]:
+        """This node's address, host name, CPU count and a port free on it a moment ago."""
+        import ray
+
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "port": free_ports(1)[0],
+            "cpus": os.cpu_count(),
+        }
+
+    def start(self, module: str, payload: str, env: dict[str, str]) -> int:
+        """Start (or start again) `python -m module PAYLOAD RESULT`; returns its pid."""
+        self._stop_process()
+        payload_path = Path(self.workdir) / "payload.json"
+        result_path = Path(self.workdir) / "result.json"
+        payload_path.write_text(payload)
+        result_path.unlink(missing_ok=True)
+        # Ray pins 1-CPU actors to one OpenMP thread; TensorFlow sizes its own pools.
+        inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", module, str(payload_path), str(result_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env={**inherited, "TMPDIR": self.workdir, **env},
+            preexec_fn=die_with_parent(signal.SIGKILL),
+        )
+        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
+        self.reader.start()
+        return self.process.pid
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            with self.lock:
+                self.lines.append(raw.rstrip())
+
+    def poll(self) -> dict[str, Any]:
+        """New output lines, the exit status (None while running) and the result, once done."""
+        returncode = self.process.poll() if self.process else None
+        if returncode is not None and self.reader is not None:
+            self.reader.join(timeout=5)
+        with self.lock:
+            lines, self.lines = self.lines, []
+        result_path = Path(self.workdir) / "result.json"
+        result = None
+        if returncode is not None and result_path.exists():
+            result = json.loads(result_path.read_text())
+        return {"lines": lines, "returncode": returncode, "result": result}
+
+    def signal_member(self, signum: int) -> None:
+        """Send the member's process a signal (the tests kill a member this way)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+
+    def stop(self) -> None:
+        """Kill the member's process and remove its work folder."""
+        self._stop_process()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_process(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait()
+
+
+def run_cluster(
+    plan: Sequence[PlannedMember],
+    result_from: str,
+    payload: dict[str, Any],
+    *,
+    address: str,
+    placement: str = "pack",
+    restarts: Restarts | None = None,
+    timeout_seconds: float | None = None,
+) -> dict[str, Any]:
+    """Run the planned members on the Ray cluster at `address`; the result member's result.
+
+    Args:
+        plan: the members (`stratoflow.distributed.cluster.planned_members`).
+        result_from: the member whose result is the run's result.
+        payload: JSON-able input, the same for every member.
+        address: the Ray cluster (host:port of its head's GCS, or "auto").
+        placement: "pack", "spread" or "strict_spread" (`PLACEMENT_STRATEGIES`).
+        restarts: the budget for lost members (none by default); records each restart.
+        timeout_seconds: fail if one start of the cluster takes longer.
+
+    Returns:
+        The result member's result, with `nodes`: member name -> "ip (hostname)".
+
+    Raises:
+        RayClusterError: Ray cannot be reached or cannot place the whole cluster.
+        ChildProcessFailed: a member failed or was lost more often than `restarts` allows.
+    """
+    import ray
+
+    connect(address)
+    budget = restarts or Restarts(0)
+    try:
+        return with_restarts(
+            lambda: _start_once(plan, result_from, payload, placement, budget, timeout_seconds),
+            budget,
+        )
+    finally:
+        ray.shutdown()
+
+
+def connect(address: str) -> None:
+    """Connect this process to the Ray cluster at `address` as a driver.
+
+    Raises:
+        RayClusterError: no cluster answers there (or this host has no Ray node).
+    """
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            log_to_driver=False,  # members' output comes through `MemberHost.poll`
+            logging_level=logging.WARNING,
+        )
+    except Exception as error:
+        raise RayClusterError(
+            f"cannot connect to the Ray cluster at {address!r}: {type(error).__name__}: {error}. "
+            "This host needs a Ray node of that cluster (`ray start --address=...`) and its "
+            "auth token (README: Several machines)"
+        ) from None
+
+
+def _start_once(
+    plan: Sequence[PlannedMember],
+    result_from: str,
+    payload: dict[str, Any],
+    placement: str,
+    restarts: Restarts,
+    timeout_seconds: float | None,
+    attempts: int = 3,
+) -> dict[str, Any]:
+    for attempt in range(1, attempts + 1):
+        try:
+            return _RayCluster(
+                plan, result_from, payload, placement, restarts, timeout_seconds
+            ).run()
+        except PortClash as clash:
+            logger.warning("port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash)
+    raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
+
+
+class _ActorRunning(Running):
+    """A member run by a `MemberHost` actor, as the supervision sees it."""
+
+    def __init__(
+        self,
+        member: Member,
+        actor: Any,
+        node: dict[str, Any],
+        payload: str,
+    ):
+        import ray
+
+        super().__init__(member)
+        self.actor, self.node, self.payload = actor, node, payload
+        self.pid = ray.get(actor.start.remote(member.module, payload, member.env), timeout=60)
+        self.returncode: int | None = None
+        self.final: dict[str, Any] | None = None
+        self.pending: Any = None
+        self.asked_at = self.heard_at = time.monotonic()
+        self.lost: str | None = None
+        logger.info(
+            "%s started (pid %d on node %s): python -m %s",
+            member.name,
+            self.pid,
+            describe_node(node),
+            member.module,
+        )
+
+    def refresh(self, wait: float = 0.0) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        if self.lost is not None or self.returncode is not None:
+            return
+        now = time.monotonic()
+        if self.pending is None:
+            if now - self.asked_at < POLL_INTERVAL_SECONDS:
+                return
+            self.pending, self.asked_at = self.actor.poll.remote(), now
+        ready, _ = ray.wait([self.pending], timeout=wait)
+        if not ready:
+            if now - self.heard_at > UNREACHABLE_SECONDS:
+                self.lost = (
+                    f"is unreachable: its node {describe_node(self.node)} has not answered for "
+                    f"{now - self.heard_at:.0f} s"
+                )
+            return
+        try:
+            state = ray.get(self.pending, timeout=5)
+        except (RayActorError, GetTimeoutError) as error:
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.lost = (
+                f"was lost with its node {describe_node(self.node)} "
+                f"({type(error).__name__}: {first_line})"
+            )
+            return
+        finally:
+            self.pending = None
+        self.heard_at = time.monotonic()
+        for line in state["lines"]:
+            self.take_line(line)
+        self.returncode, self.final = state["returncode"], state["result"]
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def lost_reason(self) -> str | None:
+        return self.lost
+
+    def restart(self) -> None:
+        import ray
+
+        self.ready_at, self.restarted_at = None, time.monotonic()
+        self.returncode = self.final = None
+        self.pid = ray.get(
+            self.actor.start.remote(self.member.module, self.payload, self.member.env), timeout=60
+        )
+        logger.info("%s started again (pid %d)", self.member.name, self.pid)
+
+    def result(self) -> dict[str, Any] | None:
+        return self.final
+
+    def where(self) -> str:
+        return f"pid {self.pid} on node {describe_node(self.node)}"
+
+    def drain(self) -> None:
+        if self.lost is None:
+            self.refresh(wait=3.0)
+
+    def kill(self) -> None:
+        import ray
+
+        if self.lost is None:
+            try:
+                ray.get(self.actor.stop.remote(), timeout=10)
+            except Exception:  # the actor or its node is gone: nothing left to stop there
+                logger.debug("could not stop %s", self.member.name, exc_info=True)
+        ray.kill(self.actor, no_restart=True)
+        if self.returncode is None:
+            self.returncode = -signal.SIGKILL
+
+
+def describe_node(node: dict[str, Any]) -> str:
+    return f"{node['ip']} ({node['hostname']})"
+
+
+class _RayCluster(Cluster):
+    def __init__(
+        self,
+        plan: Sequence[PlannedMember],
+        result_from: str,
+        payload: dict[str, Any],
+        placement: str,
+        restarts: Restarts,
+        timeout_seconds: float | None,
+    ):
+        super().__init__([], result_from, payload, timeout_seconds, restarts=restarts)
+        self.plan = plan
+        self.placement = placement
+        self.launched = time.time()
+
+    def run(self) -> dict[str, Any]:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.util.placement_group import placement_group, remove_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        # The members' start time (seconds_to_first_step counts from it) is the reservation's:
+        # placing the gang and starting its actors is part of what a run waits for.
+        self.launched = time.time()
+        group = placement_group(
+            [{"CPU": 1}] * len(self.plan), strategy=PLACEMENT_STRATEGIES[self.placement]
+        )
+        actors: list[Any] = []
+        running: dict[str, Running] = {}
+        try:
+            self._wait_placed(group)
+            host = ray.remote(num_cpus=1, max_restarts=0)(MemberHost)
+            actors = [
+                host.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=index
+                    )
+                ).remote()
+                for index in range(len(self.plan))
+            ]
+            try:
+                nodes = ray.get(
+                    [actor.node.remote() for actor in actors], timeout=ACTOR_START_TIMEOUT_SECONDS
+                )
+            except (GetTimeoutError, RayActorError) as error:
+                # A node that died after the reservation (Ray has not noticed yet): try again.
+                raise MemberLost(
+                    f"the cluster's actors did not start on their nodes ({type(error).__name__})",
+                    "a member's node",
+                ) from None
+            members = self._members(nodes)
+            text = json.dumps(self.payload)
+            for member, actor, node in zip(members, actors, nodes, strict=True):
+                try:
+                    running[member.name] = _ActorRunning(member, actor, node, text)
+                except (GetTimeoutError, RayActorError) as error:
+                    raise MemberLost(
+                        f"{member.name} could not be started on node {describe_node(node)} "
+                        f"({type(error).__name__})",
+                        member.name,
+                    ) from None
+            self.supervise(running)
+            result = self.result_of(running[self.result_from])
+            result["nodes"] = {
+                m.name: describe_node(n) for m, n in zip(members, nodes, strict=True)
+            }
+            return result
+        finally:
+            for child in running.values():
+                child.kill()
+            for actor in actors[len(running) :]:
+                ray.kill(actor, no_restart=True)
+            remove_placement_group(group)
+
+    def _wait_placed(self, group: Any) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_SECONDS)
+        except GetTimeoutError:
+            nodes = [node for node in ray.nodes() if node["Alive"]]
+            free = ray.available_resources().get("CPU", 0)
+            raise RayClusterError(
+                f"Ray could not place the {len(self.plan)} cluster members "
+                f"(placement {self.placement!r}, 1 CPU each) within "
+                f"{PLACEMENT_TIMEOUT_SECONDS:.0f} s: the Ray cluster has {len(nodes)} live "
+                f"node(s) and {free:g} free CPU(s); add nodes, or choose placement 'pack'"
+            ) from None
+
+    def _members(self, nodes: list[dict[str, Any]]) -> list[Member]:
+        """The members with their TF_CONFIG from the nodes' addresses and ports."""
+        jobs: dict[str, list[str]] = {}
+        for planned, node in zip(self.plan, nodes, strict=True):
+            if planned.job:
+                jobs.setdefault(planned.job, []).append(f"{node['ip']}:{node['port']}")
+        layout = ClusterLayout(jobs) if jobs else None
+        placed = {m.name: describe_node(n) for m, n in zip(self.plan, nodes, strict=True)}
+        forwarded = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+        started = str(self.launched)
+        return [
+            Member(
+                planned.name,
+                planned.module,
+                {
+                    **forwarded,
+                    **member_env(layout, planned),
+                    names.NODES_ENV: json.dumps(placed),
+                    "STRATOFLOW_PROCESS_START": started,
+                },
+                server=planned.server,
+                rejoins=planned.rejoins,
+            )
+            for planned in self.plan
+        ]
