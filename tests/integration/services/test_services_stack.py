@@ -43,7 +43,8 @@ MNIST = "retrain_mnist"
 DIGITS = "retrain_digits"
 REFRESH_DIGITS = names.refresh_dag_id("stratoflow_digits")
 MNIST_CONF = {"strategy": "mirrored", "replicas": 2, "epochs": 2}
-RUN_TIMEOUT_S = 900
+# Below pytest's 900 s timeout, so that a stuck run fails with what it was stuck on.
+RUN_TIMEOUT_S = 780
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
 
 
@@ -146,7 +147,7 @@ def live_runs(live: LiveStack) -> LiveRuns:
     digits_started = 0.0
     deadline = started + RUN_TIMEOUT_S
     while len(record.final) < 2:
-        assert time.monotonic() < deadline, f"runs not finished in {RUN_TIMEOUT_S} s: {record}"
+        assert time.monotonic() < deadline, _stuck(live, record)
         mnist_tasks = _task_states(api, MNIST, record.mnist_run_id)
         if not record.scheduler_killed_during and mnist_tasks.get("train_model") == "running":
             record.scheduler_pids = _restart_scheduler(live.stack)
@@ -175,6 +176,20 @@ def live_runs(live: LiveStack) -> LiveRuns:
         record.digits_seconds,
     )
     return record
+
+
+def _stuck(live: LiveStack, record: LiveRuns) -> str:
+    """What a run that did not finish in time was waiting for: every run's task states and the
+    scheduler's last log lines."""
+    api, lines = live.api, [f"runs not finished in {RUN_TIMEOUT_S} s: {record}"]
+    for dag_id in (MNIST, DIGITS, REFRESH_DIGITS):
+        for run in api.runs(dag_id):
+            states = _task_states(api, dag_id, run["dag_run_id"])
+            lines.append(f"{dag_id} {run['dag_run_id']} {run['state']}: {states}")
+    assert live.stack.config is not None
+    scheduler_log = live.stack.config.logs_dir / f"{SCHEDULER}.log"
+    lines += ["scheduler log:", *scheduler_log.read_text(errors="replace").splitlines()[-60:]]
+    return "\n".join(lines)
 
 
 def _task_states(api: AirflowApi, dag_id: str, run_id: str) -> dict[str, str | None]:
