@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import subprocess
 import sys
@@ -195,17 +194,8 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         run(json.loads(sys.argv[2]), sys.argv[3])
     else:
-        home = Path(tempfile.mkdtemp(prefix="stratoflow-bench-"))
-        from stratoflow.config import settings
+        from benchmarks.throwaway import use_throwaway_state
 
-        os.environ.update(
-            {
-                settings.DATA_DIR_ENV: str(settings.data_dir()),
-                settings.STATE_DIR_ENV: str(home),
-                settings.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
-                "MLFLOW_DISABLE_TELEMETRY": "true",
-                "TF_CPP_MIN_LOG_LEVEL": "2",
-            }
-        )
+        use_throwaway_state()
         partial = Path(sys.argv[1]) if sys.argv[1:] else None
         sys.stdout.write(json.dumps(measure(partial), indent=1) + "\n")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.in_process import STREAM_BATCH
+from benchmarks.throwaway import use_throwaway_state
 from stratoflow.config import names, settings
 from stratoflow.services import airflow_setup
 
@@ -59,17 +60,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     started = time.perf_counter()
     load_before = os.getloadavg()
-    home = Path(tempfile.mkdtemp(prefix="stratoflow-bench-"))
-    # A throwaway state folder and store; the TFDS data dir is shared so nothing is rebuilt.
-    os.environ.update(
-        {
-            settings.DATA_DIR_ENV: str(settings.data_dir()),
-            settings.STATE_DIR_ENV: str(home),
-            settings.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
-            "MLFLOW_DISABLE_TELEMETRY": "true",
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-        }
-    )
+    home = use_throwaway_state()
     figures: dict[str, Any] = {}
     logger.info("in-process benchmarks (one logical CPU, then two)")
     figures["single"] = _in_process("single")
