@@ -60,8 +60,17 @@ def is_initialised(cluster_dir: Path) -> bool:
     return (cluster_dir / "data" / "PG_VERSION").is_file()
 
 
+# A scheduler killed mid-transaction (OOM, kill -9) leaves its LocalExecutor workers running,
+# and they hold its connection open: the transaction and its row locks on `dag_run` would stay
+# forever, and the next scheduler (SELECT ... FOR UPDATE SKIP LOCKED) would skip those runs
+# without a word. The server ends such a transaction after this long; no stratoflow or Airflow
+# transaction waits on its client that long.
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+
+
 def server_command(cluster_dir: Path, host: str, port: int) -> list[str]:
-    """The `postgres` command line: TCP on `host` only, no Unix socket."""
+    """The `postgres` command line: TCP on `host` only, no Unix socket; transactions left open
+    by a dead client end after `IDLE_IN_TRANSACTION_TIMEOUT`."""
     return [
         str(postgres_bin("postgres")),
         "-D",
@@ -72,6 +81,8 @@ def server_command(cluster_dir: Path, host: str, port: int) -> list[str]:
         f"listen_addresses={host}",
         "-c",
         "unix_socket_directories=",
+        "-c",
+        f"idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT}",
     ]
 
 

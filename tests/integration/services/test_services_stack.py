@@ -31,7 +31,7 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
-from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, SCHEDULER
+from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, POSTGRES, SCHEDULER
 from stratoflow.services.processes import group_members
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 
@@ -90,6 +90,29 @@ def test_every_server_listens_on_loopback_only(live: LiveStack) -> None:
     ports = {port for _, _, port in listening}
     assert set(live.stack.config.ports.values()) <= ports
     assert {ip for _, ip, _ in listening} == {HOST}, listening
+
+
+def test_the_metadatabase_ends_a_transaction_left_open_by_a_dead_client(live: LiveStack) -> None:
+    """A scheduler SIGKILLed mid-transaction leaves its executor's workers holding its
+    connection; without a server-side bound its row locks on `dag_run` stay, and the next
+    scheduler skips those runs forever (seen in CI: the live runs below never finished)."""
+    import psycopg2
+
+    config = live.stack.config
+    assert config is not None
+    connection = psycopg2.connect(
+        host=HOST,
+        port=config.ports[POSTGRES],
+        user="airflow",
+        password=config.database_password("airflow"),
+        dbname="airflow",
+    )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW idle_in_transaction_session_timeout")
+            assert cursor.fetchone() == ("1min",)
+    finally:
+        connection.close()
 
 
 def test_secrets_are_generated_into_the_state_folder_readable_by_the_owner_only(
