@@ -218,6 +218,16 @@ def test_project_image_runs_every_stratoflow_service(services: dict[str, Any]) -
         assert "build" in services[name], f"{name}: must run the project image built here"
 
 
+def test_postgres_ends_transactions_left_open_as_the_local_stack_does(
+    services: dict[str, Any],
+) -> None:
+    from stratoflow.services import postgres
+
+    setting = f"idle_in_transaction_session_timeout={postgres.IDLE_IN_TRANSACTION_TIMEOUT}"
+    assert setting in services[POSTGRES]["command"]
+    assert setting in postgres.server_command(Path("/cluster"), "127.0.0.1", 5432)
+
+
 def test_airflow_uses_local_executor_and_its_postgres_database(services: dict[str, Any]) -> None:
     for name in (AIRFLOW_INIT, *AIRFLOW_SERVICES):
         env = env_of(services[name])
