@@ -92,7 +92,7 @@ def test_every_server_listens_on_loopback_only(live: LiveStack) -> None:
     assert {ip for _, ip, _ in listening} == {HOST}, listening
 
 
-def test_the_metadatabase_ends_a_transaction_left_open_by_a_dead_client(live: LiveStack) -> None:
+def test_the_metadatabase_bounds_how_long_a_transaction_may_stay_idle(live: LiveStack) -> None:
     """A scheduler SIGKILLed mid-transaction leaves its executor's workers holding its
     connection; without a server-side bound its row locks on `dag_run` stay, and the next
     scheduler skips those runs forever (seen in CI: the live runs below never finished)."""
