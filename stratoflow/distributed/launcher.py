@@ -39,6 +39,9 @@ LOG_TAIL_LINES = 30
 READY_MARKER = "STRATOFLOW-READY"
 # The result member prints this line when its first training step is done.
 FIRST_STEP_MARKER = "STRATOFLOW-FIRST-STEP"
+# When the cluster was started (time.time()), in every member's environment:
+# `seconds_to_first_step` counts from it.
+PROCESS_START_ENV = "STRATOFLOW_PROCESS_START"
 # Once one member is up, the others must be up within this long, or the cluster is failed
 # (the default of `run_cluster`'s `ready_timeout_seconds`).
 READY_TIMEOUT_SECONDS = 30.0
@@ -190,24 +193,28 @@ def run_cluster(
             then.
     """
 
-    def start_once() -> dict[str, Any]:
-        for attempt in range(1, attempts + 1):
-            try:
-                return _LocalCluster(
-                    build_members(),
-                    result_from,
-                    payload,
-                    timeout_seconds,
-                    ready_timeout_seconds,
-                    restarts or Restarts(0),
-                ).run()
-            except PortClash as clash:
-                logger.warning(
-                    "port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash
-                )
-        raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
+    budget = restarts or Restarts(0)
 
-    return with_restarts(start_once, restarts or Restarts(0))
+    def start_once() -> dict[str, Any]:
+        return _LocalCluster(
+            build_members(), result_from, payload, timeout_seconds, ready_timeout_seconds, budget
+        ).run()
+
+    return with_restarts(lambda: retry_port_clashes(start_once, attempts), budget)
+
+
+def retry_port_clashes(start_once: Callable[[], dict[str, Any]], attempts: int) -> dict[str, Any]:
+    """Run `start_once` (which picks fresh ports each time) until no member's port was taken.
+
+    Raises:
+        ChildProcessFailed: every one of the `attempts` clashed.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return start_once()
+        except PortClash as clash:
+            logger.warning("port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash)
+    raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
 
 
 def with_restarts(start_once: Callable[[], dict[str, Any]], restarts: Restarts) -> dict[str, Any]:
@@ -544,7 +551,7 @@ class _LocalCluster(Cluster):
                         **os.environ,
                         "TMPDIR": workdir,
                         **member.env,
-                        "STRATOFLOW_PROCESS_START": str(started),
+                        PROCESS_START_ENV: str(started),
                     }
                     running[member.name] = _Running(member, command, env)
                 self.supervise(running)

@@ -39,14 +39,15 @@ from stratoflow.config import names, settings
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.distributed.cluster import ClusterLayout, PlannedMember, free_ports, member_env
 from stratoflow.distributed.launcher import (
+    PROCESS_START_ENV,
     ChildProcessFailed,
     Cluster,
     Member,
     MemberLost,
-    PortClash,
     Restarts,
     Running,
     die_with_parent,
+    retry_port_clashes,
     with_restarts,
 )
 
@@ -60,6 +61,8 @@ PLACEMENT_TIMEOUT_SECONDS = 120.0
 ACTOR_START_TIMEOUT_SECONDS = 120.0
 # A member whose node has not answered for this long is given up as unreachable.
 UNREACHABLE_SECONDS = 20.0
+# How many starts may find a member's port taken (each start asks the nodes for fresh ports).
+PORT_CLASH_ATTEMPTS = 3
 # How often each member is asked for its new output and state.
 POLL_INTERVAL_SECONDS = 0.5
 # Variables every member needs from this process: actors get the node's environment, not ours.
@@ -200,10 +203,11 @@ def run_cluster(
     connect(address)
     budget = restarts or Restarts(0)
     try:
-        return with_restarts(
-            lambda: _start_once(plan, result_from, payload, placement, budget, timeout_seconds),
-            budget,
-        )
+
+        def start_once() -> dict[str, Any]:  # a fresh cluster each start: fresh nodes and ports
+            return _RayCluster(plan, result_from, payload, placement, budget, timeout_seconds).run()
+
+        return with_restarts(lambda: retry_port_clashes(start_once, PORT_CLASH_ATTEMPTS), budget)
     finally:
         ray.shutdown()
 
@@ -231,25 +235,6 @@ def connect(address: str) -> None:
             "This host needs a Ray node of that cluster (`ray start --address=...`) and its "
             "auth token (README: Several machines)"
         ) from None
-
-
-def _start_once(
-    plan: Sequence[PlannedMember],
-    result_from: str,
-    payload: dict[str, Any],
-    placement: str,
-    restarts: Restarts,
-    timeout_seconds: float | None,
-    attempts: int = 3,
-) -> dict[str, Any]:
-    for attempt in range(1, attempts + 1):
-        try:
-            return _RayCluster(
-                plan, result_from, payload, placement, restarts, timeout_seconds
-            ).run()
-        except PortClash as clash:
-            logger.warning("port clash at start-up (attempt %d/%d): %s", attempt, attempts, clash)
-    raise ChildProcessFailed(f"the cluster could not get free ports in {attempts} attempts")
 
 
 class _ActorRunning(Running):
@@ -466,7 +451,7 @@ class _RayCluster(Cluster):
                     **forwarded,
                     **member_env(layout, planned),
                     names.NODES_ENV: json.dumps(placed),
-                    "STRATOFLOW_PROCESS_START": started,
+                    PROCESS_START_ENV: started,
                 },
                 server=planned.server,
                 rejoins=planned.rejoins,

@@ -31,7 +31,7 @@ from stratoflow.config.training import DEFAULT_CACHE_BUDGET_MB
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batches
 from stratoflow.distributed.cluster import workers_in_cluster
-from stratoflow.distributed.launcher import FIRST_STEP_MARKER, READY_MARKER
+from stratoflow.distributed.launcher import FIRST_STEP_MARKER, PROCESS_START_ENV, READY_MARKER
 from stratoflow.training.models import build_pipeline_model
 from stratoflow.training.objectives import Objective, make_optimizer
 from stratoflow.training.strategies import is_chief, make_strategy, rejects_random_layers
@@ -224,7 +224,7 @@ def train(
             logger.info(
                 "resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory
             )
-        process_start = float(os.environ.get("STRATOFLOW_PROCESS_START", time.time()))
+        process_start = float(os.environ.get(PROCESS_START_ENV, time.time()))
         train_start = time.perf_counter()
         for epoch in range(start_epoch + 1, training.epochs + 1):
             epoch_start = time.perf_counter()
