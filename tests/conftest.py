@@ -50,45 +50,6 @@ ALLOWED_SKIPS = {
 }
 
 
-def bare_nodeid(item: pytest.Item) -> str:
-    """The test's path and name, without parameters or the work unit xdist appends after "@"."""
-    return item.nodeid.split("@")[0].split("[")[0]
-
-
-# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`). A file's tests share
-# module fixtures and the services package's three files share one stack, so each is one unit of
-# work that a single worker runs in file order. Units start slowest first (figures from CI), so
-# that no long unit starts last while the other worker idles; the rest keep collection order.
-SERVICES_PACKAGE = "tests/integration/services"
-SLOWEST_UNITS_FIRST = (
-    SERVICES_PACKAGE,  # about 12 minutes
-    "tests/tasks/test_multiprocess.py",
-    "tests/integration/test_ray_hosts.py",
-    "tests/integration/test_retrain_dag.py",
-    "tests/integration/test_cluster_strategies_dag.py",
-    "tests/integration/test_own_pipelines.py",
-    "tests/integration/test_stopping_a_run.py",
-    "tests/tasks/test_equivalence.py",
-    "tests/integration/test_benchmark_dag.py",
-    "tests/integration/test_standing_cluster.py",
-    "tests/tasks/test_retrain_tasks.py",
-)
-
-
-def work_unit(item: pytest.Item) -> str:
-    """The unit of work an item belongs to: its file, or the services package."""
-    path = item.nodeid.split("::")[0]
-    return SERVICES_PACKAGE if path.startswith(f"{SERVICES_PACKAGE}/") else path
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist names each item's group from its mark
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {unit: position for position, unit in enumerate(SLOWEST_UNITS_FIRST)}
-    items.sort(key=lambda item: rank.get(work_unit(item), len(rank)))  # stable: file order kept
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
-
-
 # What the `integration` marker is for (pyproject.toml): a test without it starts no training
 # process, no Airflow command and no server, so `pytest -m "not integration"` stays fast.
 _SERVER_PROGRAMS = {"postgres", "pg_ctl", "initdb"}
@@ -157,7 +118,7 @@ def pytest_runtest_makereport(
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
     reason = reason.removeprefix("Skipped: ")
-    allowed = ALLOWED_SKIPS.get(bare_nodeid(item))
+    allowed = ALLOWED_SKIPS.get(item.nodeid.split("[")[0])
     if allowed is not None and reason.startswith(allowed):
         return
     report.outcome = "failed"
