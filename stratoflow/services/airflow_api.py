@@ -96,8 +96,24 @@ class AirflowApi:
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"))
 
-    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
-        self.request("PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"state": state})
+    def set_run_state(self, dag_id: str, run_id: str, state: str, attempts: int = 3) -> None:
+        """Set a run's state; an HTTP 500 "Database error" is tried again, up to `attempts`.
+
+        The scheduler may be updating the same run and its task instances at that moment; on
+        PostgreSQL one of the two transactions then fails (a deadlock), and Airflow's scheduler
+        retries its side the same way. Setting a state twice is harmless.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self.request(
+                    "PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"state": state}
+                )
+                return
+            except AirflowApiError as error:
+                transient = error.status_code == 500 and "Database error" in str(error)
+                if not transient or attempt == attempts:
+                    raise
+                time.sleep(attempt)
 
     def delete_run(self, dag_id: str, run_id: str) -> None:
         self.request("DELETE", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")

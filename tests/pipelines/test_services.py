@@ -173,6 +173,60 @@ def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
     assert time.monotonic() - started < 30
 
 
+# ----- Airflow API client ----------------------------------------------------------------------
+
+
+class AirflowLike(http.server.BaseHTTPRequestHandler):
+    """Gives tokens, and answers each PATCH with the next status of `patch_answers`."""
+
+    patch_answers: list[int] = []
+    patches = 0
+
+    def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+        self._answer(201, b'{"access_token": "t"}')
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        type(self).patches += 1
+        status = self.patch_answers.pop(0)
+        self._answer(status, b'{"detail": {"reason": "Database error"}}' if status == 500 else b"")
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("answers", "patches", "fails"),
+    [([500, 200], 2, False), ([500, 500, 500], 3, True), ([409], 1, True)],
+    ids=["one-database-error-then-set", "database-errors-each-time", "a-conflict-is-not-retried"],
+)
+def test_setting_a_run_state_tries_again_only_after_a_database_error(
+    answers: list[int], patches: int, fails: bool
+) -> None:
+    from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
+
+    handler = type("Handler", (AirflowLike,), {"patch_answers": list(answers), "patches": 0})
+    server = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = AirflowApi(f"http://127.0.0.1:{server.server_address[1]}", "admin", "secret")
+    try:
+        if fails:
+            with pytest.raises(AirflowApiError) as error:
+                api.set_run_state("retrain_digits", "scheduled__x", "failed")
+            assert error.value.status_code == answers[-1]
+        else:
+            api.set_run_state("retrain_digits", "scheduled__x", "failed")
+        assert handler.patches == patches
+    finally:
+        server.shutdown()
+
+
 def test_local_stores_are_not_probed(tmp_path: Path) -> None:
     mlflow_runs.check_reachable(f"sqlite:///{tmp_path / 'absent' / 'mlflow.db'}")
 
