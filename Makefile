@@ -29,8 +29,11 @@ $(INSTALLED): pyproject.toml Makefile
 run: $(INSTALLED)
 	$(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
 
+# Two pytest-xdist workers, one per core: the suite keeps both cores busy while one test waits on
+# a server or a scheduler (tests/conftest.py groups the tests that share fixtures).
+TEST_WORKERS ?= 2
 test: $(INSTALLED)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit suite: every test but those marked `integration` (a training process, an Airflow
 # run or command, a server): under 2 minutes on 2 cores.

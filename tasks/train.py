@@ -6,6 +6,7 @@ through the same launcher, log the same metrics and draw the same curves.
 
 from __future__ import annotations
 
+import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from stratoflow.config.spec import PipelineSpec
 from stratoflow.data.datasets import DatasetRef
 from tasks.prepare import PreparedDataset
 from tasks.run_context import AirflowRun, XComResult, config_to_dict, freezes_heap
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,12 @@ def _log_restarts(mlflow_run_id: str, restarts: Any) -> None:
         if event.seconds_to_recover is not None:
             mlflow_runs.log_metrics(
                 mlflow_run_id, {"recovery_seconds": event.seconds_to_recover}, step=event.number
+            )
+        else:  # a rejoining worker still starting when the others finished: no recovery time
+            logger.warning(
+                "restart %d: %s was not training again when the run ended; no recovery_seconds",
+                event.number,
+                event.member,
             )
 
 

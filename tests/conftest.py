@@ -50,6 +50,55 @@ ALLOWED_SKIPS = {
 }
 
 
+def bare_nodeid(item: pytest.Item) -> str:
+    """The test's path and name, without its parameters."""
+    return item.nodeid.split("[")[0]
+
+
+# `make test` runs the suite on two pytest-xdist workers. A file's tests share module fixtures and
+# the services package's three files share one stack, so each is one unit of work that a single
+# worker runs in file order (the scheduler below). Units start slowest first (figures from CI),
+# so that no long unit starts last while the other worker idles; the rest keep collection order.
+# Not `--dist loadgroup`: xdist 3.8 names a test's group by rewriting `item._nodeid`, which
+# pytest 9 no longer reads, so every test became a unit of its own.
+SERVICES_PACKAGE = "tests/integration/services"
+SLOWEST_UNITS_FIRST = (
+    SERVICES_PACKAGE,  # about 12 minutes
+    "tests/tasks/test_multiprocess.py",
+    "tests/integration/test_ray_hosts.py",
+    "tests/integration/test_retrain_dag.py",
+    "tests/integration/test_cluster_strategies_dag.py",
+    "tests/integration/test_own_pipelines.py",
+    "tests/integration/test_stopping_a_run.py",
+    "tests/tasks/test_equivalence.py",
+    "tests/integration/test_benchmark_dag.py",
+    "tests/integration/test_standing_cluster.py",
+    "tests/tasks/test_retrain_tasks.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its file, or the services package."""
+    path = nodeid.split("::")[0]
+    return SERVICES_PACKAGE if path.startswith(f"{SERVICES_PACKAGE}/") else path
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {unit: position for position, unit in enumerate(SLOWEST_UNITS_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole work units to each worker, in collection order (run with --no-loadscope-reorder)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
+
+
 # What the `integration` marker is for (pyproject.toml): a test without it starts no training
 # process, no Airflow command and no server, so `pytest -m "not integration"` stays fast.
 _SERVER_PROGRAMS = {"postgres", "pg_ctl", "initdb"}
@@ -118,7 +167,7 @@ def pytest_runtest_makereport(
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
     reason = reason.removeprefix("Skipped: ")
-    allowed = ALLOWED_SKIPS.get(item.nodeid.split("[")[0])
+    allowed = ALLOWED_SKIPS.get(bare_nodeid(item))
     if allowed is not None and reason.startswith(allowed):
         return
     report.outcome = "failed"

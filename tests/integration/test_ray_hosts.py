@@ -187,7 +187,9 @@ def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, 
         "ps": 1,
         "launcher": "ray",
         "placement": "spread",
-        "epochs": 3,
+        # Four epochs after the kill: the new worker 1 imports TensorFlow before it rejoins,
+        # 15-26 s on a quiet machine, over 40 s with the suite's other worker busy.
+        "epochs": 5,
     }
 
     def kill_worker_1() -> tuple[int, int, int]:
@@ -216,7 +218,7 @@ def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, 
     (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
     assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
     # Each epoch reached MLflow exactly once, and the run was not restarted from a checkpoint.
-    assert steps(mlflow_client, run) == [1, 2, 3]
+    assert steps(mlflow_client, run) == [1, 2, 3, 4, 5]
     assert run.data.metrics["test_accuracy"] > 0.8
     assert not psutil.pid_exists(victim_pid)
     assert members_running(hosts) == []
