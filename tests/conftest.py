@@ -50,11 +50,6 @@ ALLOWED_SKIPS = {
 }
 
 
-def bare_nodeid(item: pytest.Item) -> str:
-    """The test's path and name, without its parameters."""
-    return item.nodeid.split("[")[0]
-
-
 # `make test` runs the suite on two pytest-xdist workers. A file's tests share module fixtures and
 # the services package's three files share one stack, so each is one unit of work that a single
 # worker runs in file order (the scheduler below). Units start slowest first (figures from CI),
@@ -167,7 +162,7 @@ def pytest_runtest_makereport(
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
     reason = reason.removeprefix("Skipped: ")
-    allowed = ALLOWED_SKIPS.get(bare_nodeid(item))
+    allowed = ALLOWED_SKIPS.get(item.nodeid.split("[")[0])
     if allowed is not None and reason.startswith(allowed):
         return
     report.outcome = "failed"

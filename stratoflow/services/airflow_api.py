@@ -14,6 +14,8 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 FINISHED_STATES = ("success", "failed")
+# Tries of a repeatable call that Airflow answered with HTTP 500 "Database error" (`request`).
+DATABASE_ERROR_ATTEMPTS = 3
 
 
 class AirflowApiError(RuntimeError):
@@ -22,6 +24,10 @@ class AirflowApiError(RuntimeError):
     def __init__(self, message: str, status_code: int):
         super().__init__(message)
         self.status_code = status_code
+
+    def is_database_error(self) -> bool:
+        """Airflow's answer to a failed transaction (e.g. a deadlock): worth another try."""
+        return self.status_code == 500 and "Database error" in str(self)
 
 
 class AirflowApi:
@@ -56,9 +62,24 @@ class AirflowApi:
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """Call `path` (under the base URL) with the token; the JSON answer, or raise.
 
+        A call that may be repeated (any method but POST) is tried again after an HTTP 500
+        "Database error", up to `DATABASE_ERROR_ATTEMPTS` times: the scheduler may be writing
+        the same rows at that moment, and on PostgreSQL one of the two transactions then fails
+        (a deadlock). Airflow's scheduler retries its own side the same way.
+
         Raises:
             AirflowApiError: a status other than 2xx.
         """
+        attempts = 1 if method.upper() == "POST" else DATABASE_ERROR_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._request_once(method, path, **kwargs)
+            except AirflowApiError as error:
+                if not error.is_database_error() or attempt == attempts:
+                    raise
+                time.sleep(attempt)
+
+    def _request_once(self, method: str, path: str, **kwargs: Any) -> Any:
         if self._token is None:
             self.token()
         headers = {"Authorization": f"Bearer {self._token}", **kwargs.pop("headers", {})}
@@ -96,24 +117,8 @@ class AirflowApi:
     def run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return dict(self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"))
 
-    def set_run_state(self, dag_id: str, run_id: str, state: str, attempts: int = 3) -> None:
-        """Set a run's state; an HTTP 500 "Database error" is tried again, up to `attempts`.
-
-        The scheduler may be updating the same run and its task instances at that moment; on
-        PostgreSQL one of the two transactions then fails (a deadlock), and Airflow's scheduler
-        retries its side the same way. Setting a state twice is harmless.
-        """
-        for attempt in range(1, attempts + 1):
-            try:
-                self.request(
-                    "PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"state": state}
-                )
-                return
-            except AirflowApiError as error:
-                transient = error.status_code == 500 and "Database error" in str(error)
-                if not transient or attempt == attempts:
-                    raise
-                time.sleep(attempt)
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
+        self.request("PATCH", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"state": state})
 
     def delete_run(self, dag_id: str, run_id: str) -> None:
         self.request("DELETE", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")

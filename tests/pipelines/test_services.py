@@ -177,17 +177,23 @@ def test_a_dead_tracking_server_fails_fast_naming_the_uri() -> None:
 
 
 class AirflowLike(http.server.BaseHTTPRequestHandler):
-    """Gives tokens, and answers each PATCH with the next status of `patch_answers`."""
+    """Gives tokens, and answers every other call with the next status of `answers`."""
 
-    patch_answers: list[int] = []
-    patches = 0
+    answers: list[int] = []
+    calls = 0
 
     def do_POST(self) -> None:  # noqa: N802 (the http.server API)
-        self._answer(201, b'{"access_token": "t"}')
+        if self.path == "/auth/token":
+            self._answer(201, b'{"access_token": "t"}')
+        else:
+            self._next_answer()
 
     def do_PATCH(self) -> None:  # noqa: N802
-        type(self).patches += 1
-        status = self.patch_answers.pop(0)
+        self._next_answer()
+
+    def _next_answer(self) -> None:
+        type(self).calls += 1
+        status = self.answers.pop(0)
         self._answer(status, b'{"detail": {"reason": "Database error"}}' if status == 500 else b"")
 
     def _answer(self, status: int, body: bytes) -> None:
@@ -202,27 +208,44 @@ class AirflowLike(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize(
-    ("answers", "patches", "fails"),
-    [([500, 200], 2, False), ([500, 500, 500], 3, True), ([409], 1, True)],
-    ids=["one-database-error-then-set", "database-errors-each-time", "a-conflict-is-not-retried"],
+    ("call", "answers", "calls", "fails"),
+    [
+        ("set_run_state", [500, 200], 2, False),
+        ("set_run_state", [500, 500, 500], 3, True),
+        ("set_run_state", [409], 1, True),
+        ("trigger", [500], 1, True),
+    ],
+    ids=[
+        "one-database-error-then-set",
+        "database-errors-each-time",
+        "a-conflict-is-not-retried",
+        "a-trigger-is-not-repeated",
+    ],
 )
-def test_setting_a_run_state_tries_again_only_after_a_database_error(
-    answers: list[int], patches: int, fails: bool
+def test_a_repeatable_call_tries_again_only_after_a_database_error(
+    call: str, answers: list[int], calls: int, fails: bool
 ) -> None:
     from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 
-    handler = type("Handler", (AirflowLike,), {"patch_answers": list(answers), "patches": 0})
+    handler = type("Handler", (AirflowLike,), {"answers": list(answers), "calls": 0})
     server = http.server.HTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     api = AirflowApi(f"http://127.0.0.1:{server.server_address[1]}", "admin", "secret")
+
+    def make_the_call() -> None:
+        if call == "trigger":  # a POST: a second one could create a second run
+            api.trigger("retrain_digits", {"epochs": 1})
+        else:
+            api.set_run_state("retrain_digits", "scheduled__x", "failed")
+
     try:
         if fails:
             with pytest.raises(AirflowApiError) as error:
-                api.set_run_state("retrain_digits", "scheduled__x", "failed")
+                make_the_call()
             assert error.value.status_code == answers[-1]
         else:
-            api.set_run_state("retrain_digits", "scheduled__x", "failed")
-        assert handler.patches == patches
+            make_the_call()
+        assert handler.calls == calls
     finally:
         server.shutdown()
 
