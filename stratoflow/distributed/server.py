@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+from stratoflow.distributed import lean_tensorflow
 from stratoflow.distributed.launcher import READY_MARKER
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def serve(cluster: dict[str, list[str]], job: str, index: int) -> None:
             + ", ".join(f"{name} x{len(addresses)}" for name, addresses in cluster.items())
         )
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
-    import tensorflow as tf
+    tf = lean_tensorflow.import_tensorflow()
 
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster),

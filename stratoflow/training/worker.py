@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.config import names
+from stratoflow.distributed import lean_tensorflow
 
 
 def main(payload_path: str, result_path: str) -> None:
@@ -25,6 +26,7 @@ def main(payload_path: str, result_path: str) -> None:
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout
     )
     payload = json.loads(Path(payload_path).read_text())
+    lean_tensorflow.import_tensorflow()  # first, before any module below imports it in full
 
     from stratoflow.config.spec import parse_spec
     from stratoflow.training.strategies import configure_host_devices, required_logical_cpus
