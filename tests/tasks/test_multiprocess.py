@@ -274,7 +274,8 @@ def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
     from stratoflow.distributed import cluster, launcher
 
     blocker = socket.socket()
-    blocker.bind(("", 0))
+    # Loopback is enough: TensorFlow binds 0.0.0.0:PORT, which a 127.0.0.1:PORT listener blocks.
+    blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     layouts: list[cluster.ClusterLayout] = []
 
