@@ -1,7 +1,9 @@
 """Long-running server processes: is this PID still ours, stop a whole group, read its log.
 
 A stack's processes outlive the command that started them, so they are remembered by PID and
-start time (a PID alone may be reused by another process after a reboot or a crash).
+start time (a PID alone may be reused by another process after a reboot or a crash). On Linux the
+start time is counted from boot: a wall-clock step (NTP, a laptop or VM resuming) moves psutil's
+`create_time` of every process, so a stack started before the step looked stopped after it.
 """
 
 from __future__ import annotations
@@ -19,26 +21,42 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+# Two reads of one process's start after boot agree to the clock tick (10 ms).
+SAME_START_SECONDS = 0.05
 
 
 @dataclass
 class ManagedProcess:
-    """A server process: its PID and start time, and its Popen while the starter runs."""
+    """A server process: its PID and start time, and its Popen while the starter runs.
+
+    `create_time` is psutil's (wall clock, seconds since the epoch); `seconds_after_boot` is the
+    start counted from boot, where the system has it (Linux), which no clock step moves.
+    """
 
     pid: int
     create_time: float
+    seconds_after_boot: float | None = None
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
     def started(cls, popen: subprocess.Popen[bytes]) -> ManagedProcess:
-        return cls(popen.pid, _create_time(popen.pid), popen)
+        return cls(popen.pid, _create_time(popen.pid), _seconds_after_boot(popen.pid), popen)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ManagedProcess:
-        return cls(int(data["pid"]), float(data["create_time"]))
+        after_boot = data.get("seconds_after_boot")  # absent in a stack started before it was
+        return cls(
+            int(data["pid"]),
+            float(data["create_time"]),
+            None if after_boot is None else float(after_boot),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "create_time": self.create_time}
+        return {
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "seconds_after_boot": self.seconds_after_boot,
+        }
 
     def is_alive(self) -> bool:
         """The PID is alive and is still the process started (not a later one reusing it)."""
@@ -48,10 +66,12 @@ class ManagedProcess:
             return self.popen.poll() is None
         try:
             candidate = psutil.Process(self.pid)
-            return (
-                abs(candidate.create_time() - self.create_time) < 1.0
-                and candidate.status() != psutil.STATUS_ZOMBIE
-            )
+            if candidate.status() == psutil.STATUS_ZOMBIE:
+                return False
+            after_boot = _seconds_after_boot(self.pid)
+            if self.seconds_after_boot is not None and after_boot is not None:
+                return abs(after_boot - self.seconds_after_boot) < SAME_START_SECONDS
+            return abs(candidate.create_time() - self.create_time) < 1.0
         except psutil.NoSuchProcess:
             return False
 
@@ -135,6 +155,18 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def last_lines(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _seconds_after_boot(pid: int) -> float | None:
+    """When `pid` started, in seconds after boot (`starttime` of /proc/PID/stat); None elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which is in parentheses and may hold spaces: state is the
+    # 3rd field of the file, starttime the 22nd.
+    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    return start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _create_time(pid: int) -> float:

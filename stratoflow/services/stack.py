@@ -509,6 +509,8 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
     config = stack.config
     running = stack.running()
     lines = [f"stack in {stack.state_dir}: {len(running)}/{len(COMPONENTS)} components running"]
+    if running and (stopped := [name for name in COMPONENTS if name not in running]):
+        lines[0] += f" (not running: {', '.join(stopped)})"
     if report is not None:
         lines.append(f"  {report.describe()}; DAGs parsed {dags_seconds:.1f} s later")
     elif running:

@@ -279,3 +279,33 @@ def test_a_component_not_healthy_in_time_fails_naming_it_and_quoting_its_log(
     assert message.startswith("mlflow was not healthy in time (ConnectError")
     assert f"Last lines of {stack.config.logs_dir / 'mlflow.log'}:" in message
     assert stack.running() == []
+
+
+def test_a_stack_process_is_still_recognised_after_a_wall_clock_step() -> None:
+    """`status` and `down` run in other processes than `up`: they know a component by its record.
+
+    A clock step (NTP, a resumed laptop or VM) moves psutil's wall-clock `create_time` of every
+    process; the record's start after boot does not move, so the server is still found running,
+    and a later process reusing the PID is still told apart.
+    """
+    import subprocess
+    import sys
+
+    from stratoflow.services.processes import ManagedProcess
+
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = ManagedProcess.started(server).to_dict()
+        assert record["seconds_after_boot"] is not None  # Linux, as on the test hosts
+        stepped = {**record, "create_time": record["create_time"] - 30.0}  # the clock went 30 s on
+        assert ManagedProcess.from_dict(stepped).is_alive()
+        reused = {**record, "seconds_after_boot": record["seconds_after_boot"] - 5.0}
+        assert not ManagedProcess.from_dict(reused).is_alive()
+        # A record written before `seconds_after_boot` existed is checked by the wall clock.
+        legacy = {"pid": record["pid"], "create_time": record["create_time"]}
+        assert ManagedProcess.from_dict(legacy).is_alive()
+        assert not ManagedProcess.from_dict({**legacy, "create_time": 0.0}).is_alive()
+    finally:
+        server.kill()
+        server.wait()
+    assert not ManagedProcess.from_dict(record).is_alive()
