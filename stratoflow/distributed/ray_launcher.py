@@ -212,6 +212,15 @@ def run_cluster(
         ray.shutdown()
 
 
+# A Ray Client address (`ray://`) is served by a server process the head starts per driver.
+# Under load that process can die while it starts (Ray's proxier then fails the connection,
+# seen once in CI: psutil.ZombieProcess in `start_specific_server`); a second attempt starts a
+# fresh one. Not when nothing answered (Ray's "connection timeout", after about 30 s): a second
+# wait would only double the time to the error. A GCS address has no such step: one attempt.
+RAY_CLIENT_ATTEMPTS = 2
+RAY_CLIENT_RETRY_PAUSE_SECONDS = 2.0
+
+
 def connect(address: str) -> None:
     """Connect this process to the Ray cluster at `address` as a driver.
 
@@ -220,21 +229,33 @@ def connect(address: str) -> None:
     """
     import ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    try:
-        ray.init(
-            address=address,
-            namespace=NAMESPACE,
-            log_to_driver=False,  # members' output comes through `MemberHost.poll`
-            logging_level=logging.WARNING,
-        )
-    except Exception as error:
-        raise RayClusterError(
-            f"cannot connect to the Ray cluster at {address!r}: {type(error).__name__}: {error}. "
-            "This host needs a Ray node of that cluster (`ray start --address=...`) and its "
-            "auth token (README: Several machines)"
-        ) from None
+    attempts = RAY_CLIENT_ATTEMPTS if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        if ray.is_initialized():
+            ray.shutdown()
+        try:
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,  # members' output comes through `MemberHost.poll`
+                logging_level=logging.WARNING,
+            )
+            return
+        except Exception as error:
+            if attempt < attempts and "connection timeout" not in str(error):
+                logger.warning(
+                    "connecting to the Ray cluster at %s failed (%s: %s); trying again",
+                    address,
+                    type(error).__name__,
+                    error,
+                )
+                time.sleep(RAY_CLIENT_RETRY_PAUSE_SECONDS)
+                continue
+            raise RayClusterError(
+                f"cannot connect to the Ray cluster at {address!r}: {type(error).__name__}: "
+                f"{error}. This host needs a Ray node of that cluster (`ray start "
+                "--address=...`) and its auth token (README: Several machines)"
+            ) from None
 
 
 class _ActorRunning(Running):
