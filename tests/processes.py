@@ -118,6 +118,22 @@ def private_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def restorable_epoch(run_dir: Path) -> int:
+    """The epoch whose checkpoint a restart of the run in `run_dir` would restore, or 0.
+
+    Read as TensorFlow's `latest_checkpoint` reads it: the `checkpoints/checkpoint` state file,
+    which the checkpoint manager rewrites (atomically) only once a save is complete. The
+    `ckpt-<epoch>.index` file appears before that, so a kill as soon as it exists can rightly
+    resume from the epoch before (a CI run of 2026-12-05 did: `ckpt-2.index` seen, resumed from 1).
+    """
+    state = run_dir / "checkpoints" / "checkpoint"
+    try:
+        first_line = state.read_text().splitlines()[0]  # model_checkpoint_path: "ckpt-<epoch>"
+    except (OSError, IndexError):
+        return 0
+    return int(first_line.rsplit("-", 1)[1].rstrip('"'))
+
+
 def leftovers(folder: Path) -> list[str]:
     """The stratoflow folders (child work folders, worker scratch) left in temp folder `folder`."""
     return sorted(path.name for path in folder.glob("stratoflow-*"))

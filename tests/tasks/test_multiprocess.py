@@ -18,7 +18,13 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.config.spec import ModelSpec, load_spec
 from tasks.run_context import AirflowRun
-from tests.processes import cluster_children, kill_during, leftovers, tf_config_of
+from tests.processes import (
+    cluster_children,
+    kill_during,
+    leftovers,
+    restorable_epoch,
+    tf_config_of,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -135,13 +141,13 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
         "max_restarts": 0,
     }
     prepared = prepare.prepare(FAULT_PIPELINE, params, run)
-    first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
+    run_dir = settings.run_dir(run.dag_id, run.run_id)
     job, index = victim.split()
     role = "ps" if job == "ps" else "worker"
 
     killed = kill_during(
         lambda: train.train(run, prepared),
-        when=first_checkpoint.exists,
+        when=lambda: restorable_epoch(run_dir) >= 1,
         victim=lambda children: next(
             child
             for child in children
@@ -186,12 +192,12 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     run = new_run(pipeline)
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": epochs, "seed": 5}
     prepared = prepare.prepare(pipeline, params, run)
-    first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
+    run_dir = settings.run_dir(run.dag_id, run.run_id)
     outcome: dict[str, object] = {}
     thread = threading.Thread(target=lambda: outcome.update(trained=train.train(run, prepared)))
     thread.start()
     deadline = time.monotonic() + 400
-    while not first_checkpoint.exists():
+    while restorable_epoch(run_dir) < 1:
         assert thread.is_alive() and time.monotonic() < deadline, "no checkpoint before the end"
         time.sleep(0.05)
     (target,) = [

@@ -21,6 +21,7 @@ import pytest
 from stratoflow.config import names, settings
 from tasks.run_context import AirflowRun
 from tests.images import png_size
+from tests.processes import restorable_epoch
 
 
 def through_xcom(result):
@@ -237,7 +238,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     # No restart inside the task: the Airflow retry is what this checks.
     conf = {"epochs": 3, "seed": 3, "max_restarts": 0}
     prepared = through_xcom(prepare.prepare("mnist", conf, run))
-    first_checkpoint = settings.run_dir(run.dag_id, run.run_id) / "checkpoints" / "ckpt-1.index"
+    run_dir = settings.run_dir(run.dag_id, run.run_id)
     outcome: dict[str, object] = {}
 
     def attempt() -> None:
@@ -250,7 +251,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     thread = threading.Thread(target=attempt)
     thread.start()
     deadline = time.monotonic() + 300
-    while not first_checkpoint.exists():
+    while restorable_epoch(run_dir) < 1:
         assert time.monotonic() < deadline and thread.is_alive(), "no first checkpoint"
         time.sleep(0.1)
     (child,) = training_children()

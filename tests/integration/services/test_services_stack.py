@@ -34,6 +34,7 @@ from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, POSTGRES, SCHEDULER
 from stratoflow.services.processes import group_members
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
+from tests.processes import restorable_epoch
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -238,7 +239,7 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
         return  # training has not begun
     # Epochs now come every fraction of a second: watch closely, without the API polls.
     deadline = time.monotonic() + 60
-    while (epoch := _last_checkpoint(run_dir)) < 2:
+    while (epoch := restorable_epoch(run_dir)) < 2:
         if time.monotonic() > deadline:
             return
         time.sleep(0.02)
@@ -256,15 +257,6 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
             record.killed_training_pid = process.pid
             record.killed_after_epochs = epoch
             return
-
-
-def _last_checkpoint(run_dir: Path) -> int:
-    """The epoch of the newest checkpoint (`ckpt-<epoch>.index`) in the run folder, or 0."""
-    epochs = [
-        int(path.name.split("-")[1].split(".")[0])
-        for path in (run_dir / "checkpoints").glob("ckpt-*.index")
-    ]
-    return max(epochs, default=0)
 
 
 def test_rest_triggered_mnist_run_tracks_every_epoch_and_registers_a_version(
