@@ -29,11 +29,11 @@ $(INSTALLED): pyproject.toml Makefile
 run: $(INSTALLED)
 	$(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
 
-# Three pytest-xdist workers on the 2 cores: the suite is CPU-bound, and a third worker keeps the
-# cores busy while a test waits on a server, a scheduler or a member's start (on 2026-12-05, 20 min
-# 52 s of pytest against 22 min 3 s with two; docs/BENCHMARKS.md). tests/conftest.py keeps the
-# tests that share fixtures on one worker.
-TEST_WORKERS ?= 3
+# Two pytest-xdist workers, one per core: the suite keeps both cores busy while one test waits on
+# a server or a scheduler (tests/conftest.py groups the tests that share fixtures). A third worker
+# gained about a minute of 22, within the runs' spread, and the Ray hosts module took twice as
+# long (714-855 s against 348-361 s), closer to its deadlines on a slower host (docs/BENCHMARKS.md).
+TEST_WORKERS ?= 2
 test: $(INSTALLED)
 	$(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -50,10 +50,10 @@ ALLOWED_SKIPS = {
 }
 
 
-# `make test` runs the suite on three pytest-xdist workers. A file's tests share module fixtures and
+# `make test` runs the suite on two pytest-xdist workers. A file's tests share module fixtures and
 # the services package's three files share one stack, so each is one unit of work that a single
 # worker runs in file order (the scheduler below). Units start slowest first (figures from CI),
-# so that no long unit starts last while the other workers idle; the rest keep collection order.
+# so that no long unit starts last while the other worker idles; the rest keep collection order.
 # Not `--dist loadgroup`: xdist 3.8 names a test's group by rewriting `item._nodeid`, which
 # pytest 9 no longer reads, so every test became a unit of its own.
 SERVICES_PACKAGE = "tests/integration/services"
