@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
-from stratoflow.config import settings
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, parse_spec
 from stratoflow.data.datasets import DatasetRef
@@ -159,12 +158,7 @@ def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     Raises:
         SpecError: an unknown Param or an invalid value or combination (named in the message).
     """
-    return resolve_run(
-        pipeline,
-        params,
-        standing_cluster=settings.standing_cluster(),
-        ray_address=settings.ray_address(),
-    )
+    return resolve_run(pipeline, params)
 
 
 def config_to_dict(spec: PipelineSpec) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def run_training(
     restarts = launcher.Restarts(training.max_restarts)
     try:
         if training.launcher == "ray":
+            from stratoflow.config import clusters
             from stratoflow.distributed import ray_launcher
 
             plan, result_from = cluster.planned_members(training)
@@ -121,7 +122,8 @@ def run_training(
                 plan,
                 result_from,
                 payload,
-                address=training.ray_address,
+                # Looked up by name here: the token goes only to a configured address.
+                address=clusters.ray_address(training.ray_cluster),
                 placement=training.placement,
                 restarts=restarts,
             )

@@ -200,8 +200,8 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
                 default=None,
                 help=f"do not: {setting.help[0].lower()}{setting.help[1:]}",
             )
-        elif setting.choices is not None:
-            parser.add_argument(flag, type=kind, choices=list(setting.choices), help=setting.help)
+        elif (choices := setting.allowed()) is not None:
+            parser.add_argument(flag, type=kind, choices=list(choices), help=setting.help)
         else:
             parser.add_argument(flag, type=kind, help=setting.help)
 
@@ -284,8 +284,8 @@ def _through_airflow(
 def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import os
 
+    from stratoflow.config.clusters import parse_cluster
     from stratoflow.config.parsing import SpecError
-    from stratoflow.config.training import parse_cluster
     from stratoflow.distributed import server
 
     if args.cluster is None:

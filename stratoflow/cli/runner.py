@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.config import names, settings
+from stratoflow.config import names
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec
@@ -115,7 +115,7 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
-    resolve_run(pipeline, conf, ray_address=settings.ray_address())
+    resolve_run(pipeline, conf)
 
 
 def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:

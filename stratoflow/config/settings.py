@@ -23,10 +23,6 @@ DAGS_FOLDER = PROJECT_ROOT / "dags"
 STATE_DIR_ENV = "STRATOFLOW_HOME"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DATA_DIR_ENV = "TFDS_DATA_DIR"
-# A deployment's standing parameter-server cluster (JSON), used when a run's `cluster` is empty.
-CLUSTER_ENV = "STRATOFLOW_CLUSTER"
-# A deployment's Ray cluster (host:port of its head), used when a `ray` run names none.
-RAY_ADDRESS_ENV = "STRATOFLOW_RAY_ADDRESS"
 
 
 def state_dir() -> Path:
@@ -51,16 +47,6 @@ def artifact_root() -> Path:
 def data_dir() -> Path:
     """The TFDS data dir: `$TFDS_DATA_DIR`, else `tensorflow_datasets/` in the state dir."""
     return Path(os.environ.get(DATA_DIR_ENV) or state_dir() / "tensorflow_datasets").resolve()
-
-
-def standing_cluster() -> str:
-    """`$STRATOFLOW_CLUSTER`: the standing parameter-server cluster of this deployment, or ""."""
-    return os.environ.get(CLUSTER_ENV, "")
-
-
-def ray_address() -> str:
-    """`$STRATOFLOW_RAY_ADDRESS`: the Ray cluster of this deployment, or ""."""
-    return os.environ.get(RAY_ADDRESS_ENV, "")
 
 
 def run_dir(dag_id: str, run_id: str, state: Path | None = None) -> Path:

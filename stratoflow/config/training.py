@@ -16,12 +16,12 @@ A spec's YAML defaults go through `check_training` too, so a typo in a spec fail
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stratoflow.config import clusters
 from stratoflow.config.options import (
     LAUNCHERS,
     LOOPS,
@@ -43,6 +43,9 @@ NOT_FINITE: dict[str, Any] = {
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
+# Run settings that were renamed (CHANGELOG.md): the unknown key's error says what replaced it.
+RENAMED = {"ray_address": "ray_cluster, the name of a Ray cluster of this deployment"}
+
 # The default of `TrainingConfig.cache_budget_mb`: decoded examples held in memory, in MiB.
 DEFAULT_CACHE_BUDGET_MB = 512
 
@@ -60,6 +63,9 @@ class Setting:
         maximum: the largest allowed value.
         above: values must be strictly greater than this.
         optional: null (and "") is allowed and means "not set".
+        choices_from: where the allowed values come from when they are the deployment's, not
+            the code's (read when the Params, flags or checks are made): the names of its
+            clusters. Each value is shown as itself.
     """
 
     title: str
@@ -69,6 +75,13 @@ class Setting:
     maximum: float | None = None
     above: float | None = None
     optional: bool = False
+    choices_from: Callable[[], Mapping[str, object]] | None = None
+
+    def allowed(self) -> Mapping[Any, str] | None:
+        """The allowed values with their display texts, or None: any value within the bounds."""
+        if self.choices_from is not None:
+            return {name: name for name in self.choices_from()}
+        return self.choices
 
 
 def _setting(default: Any, **metadata: Any) -> Any:
@@ -112,14 +125,16 @@ class TrainingConfig:
         choices={n: _plural(n, "parameter server") for n in PS_CHOICES},
     )
     # Optional, so that the UI's trigger form accepts it empty: a required string whose default
-    # is empty marks the form invalid and disables Trigger.
+    # is empty marks the form invalid and disables Trigger. A name, never an address: the
+    # addresses are the deployment's (`stratoflow.config.clusters`).
     cluster: str = _setting(
         "",
         title="Standing cluster",
-        help='parameter_server only: standing servers as JSON {"worker": ["host:port"], '
-        '"ps": ["host:port"]} (started with `stratoflow serve`); empty or null: launch local '
-        "processes, or use $STRATOFLOW_CLUSTER.",
+        help="parameter_server only: a standing cluster of this deployment (servers started "
+        "with `stratoflow serve`), by name; empty or null: its cluster 'default' if it has one, "
+        "else local processes.",
         optional=True,
+        choices_from=clusters.standing_clusters,
     )
     launcher: str = _setting(
         "local",
@@ -128,14 +143,15 @@ class TrainingConfig:
         "Ray cluster.",
         choices={name: f"{name}: {text}" for name, text in LAUNCHERS.items()},
     )
-    # Optional for the same reason as `cluster`; the deployment's $STRATOFLOW_RAY_ADDRESS
-    # fills it in when empty.
-    ray_address: str = _setting(
+    # Optional and a name for the same reasons as `cluster`: the task presents the Ray token
+    # to the address, so only the deployment chooses addresses.
+    ray_cluster: str = _setting(
         "",
-        title="Ray cluster address",
-        help="launcher 'ray' only: the Ray cluster to connect to (host:port of its head, or "
-        "'auto' on a Ray node); empty or null: $STRATOFLOW_RAY_ADDRESS.",
+        title="Ray cluster",
+        help="launcher 'ray' only: a Ray cluster of this deployment, by name; empty or null: "
+        "its cluster 'default'.",
         optional=True,
+        choices_from=clusters.ray_clusters,
     )
     placement: str = _setting(
         "pack",
@@ -216,9 +232,11 @@ def param_schema(kind: type, setting: Setting, default: Any) -> dict[str, Any]:
         "title": setting.title,
         "description": setting.help,
     }
-    if setting.choices is not None:
-        schema["enum"] = list(setting.choices)
-        schema["values_display"] = {str(value): text for value, text in setting.choices.items()}
+    choices = setting.allowed()
+    if choices is not None:
+        # An optional choice may be left empty: null (the form's default) and "" say "not set".
+        schema["enum"] = [None, "", *choices] if setting.optional else list(choices)
+        schema["values_display"] = {str(value): text for value, text in choices.items()}
     for key, bound in (
         ("minimum", setting.minimum),
         ("maximum", setting.maximum),
@@ -257,7 +275,11 @@ def validate_params(schemas: Mapping[str, Mapping[str, Any]], conf: Mapping[str,
 
     unknown = sorted(set(conf) - set(schemas))
     if unknown:
-        raise SpecError(f"run conf: unknown key {unknown[0]!r}; allowed: {', '.join(schemas)}")
+        renamed = RENAMED.get(unknown[0])
+        hint = f" (renamed: {renamed})" if renamed else ""
+        raise SpecError(
+            f"run conf: unknown key {unknown[0]!r:.80}{hint}; allowed: {', '.join(schemas)}"
+        )
     for key, value in conf.items():
         schema = {k: v for k, v in schemas[key].items() if k not in ("default", "description")}
         try:
@@ -277,7 +299,7 @@ def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> Train
     """
     validate_params(param_schemas(defaults), conf)
     merged = {**dataclasses.asdict(defaults), **conf}
-    for optional in ("cluster", "ray_address"):
+    for optional in ("cluster", "ray_cluster"):
         if merged[optional] is None:
             merged[optional] = ""  # the Param's default and a cleared form field: not set
     result = build(TrainingConfig, merged, "run conf")
@@ -288,10 +310,11 @@ def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> Train
 def _check_setting(name: str, value: Any, setting: Setting, where: str) -> None:
     if setting.optional and not value:
         return
-    if setting.choices is not None and value not in setting.choices:
+    choices = setting.allowed()
+    if choices is not None and value not in choices:
         raise SpecError(
-            f"{where}.{name} {value!r} is not allowed; "
-            f"allowed: {', '.join(map(str, setting.choices))}"
+            f"{where}.{name} {value!r:.80} is not allowed; "
+            f"allowed: {', '.join(map(str, choices)) or 'none configured'}"
         )
     if setting.above is not None and not setting.above < value <= (setting.maximum or value):
         raise SpecError(
@@ -311,22 +334,20 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
     """
     for name, (_, setting) in settings_of().items():
         _check_setting(name, getattr(training, name), setting, where)
-    if training.cluster:
-        parse_cluster(training.cluster, f"{where}.cluster")
-        if training.strategy != "parameter_server":
-            raise SpecError(
-                f"{where}.cluster (standing servers) applies to strategy 'parameter_server' only; "
-                "multi_worker_mirrored across hosts runs the worker entrypoint on every host "
-                "with its TF_CONFIG (README: Several machines)"
-            )
+    if training.cluster and training.strategy != "parameter_server":
+        raise SpecError(
+            f"{where}.cluster (standing servers) applies to strategy 'parameter_server' only; "
+            "multi_worker_mirrored across hosts runs on a Ray cluster (launcher 'ray', README: "
+            "Several machines)"
+        )
     if training.launcher == "ray" and training.cluster:
         raise SpecError(
             f"{where}.cluster (standing servers) cannot be combined with launcher 'ray': the "
             "Ray launcher starts the whole cluster itself; clear one of them"
         )
-    if training.launcher != "ray" and training.ray_address:
+    if training.launcher != "ray" and training.ray_cluster:
         raise SpecError(
-            f"{where}.ray_address applies to launcher 'ray' only; set launcher 'ray' or clear it"
+            f"{where}.ray_cluster applies to launcher 'ray' only; set launcher 'ray' or clear it"
         )
     if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
         fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
@@ -344,23 +365,3 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
             f"{where}.batch_size {training.batch_size} must be divisible by workers "
             f"{training.workers}: the global batch is split evenly across workers"
         )
-
-
-def parse_cluster(text: str, where: str = "cluster") -> dict[str, list[str]]:
-    """Parse and check a standing cluster spec: JSON with `worker` and `ps` lists of host:port."""
-    try:
-        jobs = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SpecError(f"{where} is not valid JSON: {error}") from None
-    if not isinstance(jobs, dict) or not jobs.get("worker") or not jobs.get("ps"):
-        raise SpecError(
-            f'{where} must be a JSON object like {{"worker": ["host:port"], "ps": ["host:port"]}}'
-        )
-    for job, addresses in jobs.items():
-        if job not in ("worker", "ps"):
-            raise SpecError(f"{where}: unknown job {job!r}; allowed: worker, ps")
-        for address in addresses if isinstance(addresses, list) else [addresses]:
-            host, _, port = str(address).rpartition(":")
-            if not host or not port.isdigit():
-                raise SpecError(f"{where}: {job} address {address!r} is not host:port")
-    return {job: list(addresses) for job, addresses in jobs.items()}

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stratoflow.config import clusters
 from stratoflow.config.options import STRATEGIES
-from stratoflow.config.training import TrainingConfig, parse_cluster
+from stratoflow.config.training import TrainingConfig
 
 LOOPBACK = "127.0.0.1"
 
@@ -82,7 +83,8 @@ def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]],
 
     traits = STRATEGIES[training.strategy]
     if traits.uses_ps and training.cluster:
-        standing = parse_cluster(training.cluster)
+        # By name: the addresses are the deployment's, read here, never from the run's conf.
+        standing = clusters.standing_cluster(training.cluster)
         check_reachable(standing)
 
         # Only the coordinator is ours: the workers and ps are already serving.

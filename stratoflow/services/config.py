@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import clusters, settings
 from stratoflow.services import postgres
 
 POSTGRES = "postgres"
@@ -224,9 +224,10 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         settings.DATA_DIR_ENV: str(config.data_dir),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "PYTHONPATH": str(settings.PROJECT_ROOT),
-        # `launcher: ray` runs drive the stack's Ray head, if it runs one ("" otherwise: such a
-        # run is refused, naming ray_address), with its token.
-        settings.RAY_ADDRESS_ENV: config.ray_address,
+        # `launcher: ray` runs drive the stack's Ray head as the deployment's Ray cluster
+        # `default`, if it runs one ("" otherwise: such a run is refused, naming ray_cluster),
+        # with its token. The DAG processor reads it too: the Params list the cluster names.
+        clusters.RAY_ADDRESS_ENV: config.ray_address,
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": config.secrets["ray_auth_token"],
     }

@@ -16,9 +16,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from stratoflow.config import clusters
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
-from stratoflow.config.training import check_training, resolve_training
+from stratoflow.config.training import resolve_training
 from stratoflow.training.models import MODEL_BUILDERS, check_hyperparameters, has_random_layers
 
 if TYPE_CHECKING:
@@ -36,18 +37,16 @@ def load_pipeline(name: str) -> PipelineSpec:
     return spec
 
 
-def resolve_run(
-    pipeline: str, conf: Mapping[str, Any], standing_cluster: str = "", ray_address: str = ""
-) -> PipelineSpec:
+def resolve_run(pipeline: str, conf: Mapping[str, Any]) -> PipelineSpec:
     """Pipeline `pipeline` with a run's Params applied to its training defaults, validated.
+
+    A run that names no cluster gets the deployment's cluster `default` where it needs one
+    (`stratoflow.config.clusters`): a Ray cluster for launcher `ray`, and a standing cluster,
+    if the deployment has one, for a local `parameter_server` run.
 
     Args:
         pipeline: a pipeline name.
         conf: the run's Params (a DAG run's `conf`, or `stratoflow run`'s flags).
-        standing_cluster: the deployment's standing parameter-server cluster (JSON), used when
-            the run asks for `parameter_server` without naming a cluster (launcher `local`).
-        ray_address: the deployment's Ray cluster, used when the run asks for launcher `ray`
-            without naming an address.
 
     Raises:
         SpecError: an unknown Param, or an invalid value or combination (named in the message).
@@ -55,20 +54,21 @@ def resolve_run(
     spec = load_pipeline(pipeline)
     training = resolve_training(spec.training, conf)
     if (
-        standing_cluster
-        and training.strategy == "parameter_server"
+        training.strategy == "parameter_server"
         and training.launcher == "local"
         and not training.cluster
+        and clusters.DEFAULT in clusters.standing_clusters()
     ):
-        training = dataclasses.replace(training, cluster=standing_cluster)
-        check_training(training, "run conf")
-    if training.launcher == "ray" and not training.ray_address:
-        if not ray_address:
+        training = dataclasses.replace(training, cluster=clusters.DEFAULT)
+    if training.launcher == "ray" and not training.ray_cluster:
+        configured = clusters.ray_clusters()
+        if clusters.DEFAULT not in configured:
             raise SpecError(
-                "run conf.ray_address: launcher 'ray' needs the Ray cluster's address; set "
-                "ray_address (host:port of the head) or $STRATOFLOW_RAY_ADDRESS"
+                "run conf.ray_cluster: launcher 'ray' needs a Ray cluster of this deployment and "
+                "it has no cluster 'default'; name one of: "
+                f"{', '.join(sorted(configured)) or f'none (set ${clusters.RAY_CLUSTERS_ENV})'}"
             )
-        training = dataclasses.replace(training, ray_address=ray_address)
+        training = dataclasses.replace(training, ray_cluster=clusters.DEFAULT)
     result = dataclasses.replace(spec, training=training)
     check_model(result, "run conf")
     return result

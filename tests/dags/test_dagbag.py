@@ -142,6 +142,9 @@ def parsed_with_user_pipelines(session_home: Path, tmp_path_factory) -> dict[str
         session_home,
         [*HEAVY_MODULES, "stratoflow_pipeline_mine", "stratoflow_pipeline_broken"],
         STRATOFLOW_PIPELINES_PATH=f"{team}:{clash}",
+        # The deployment's named clusters: the cluster Params offer their names, nothing else.
+        STRATOFLOW_RAY_CLUSTERS='{"east": "10.0.0.1:6379", "west": "ray://10.0.1.1:10001"}',
+        STRATOFLOW_CLUSTER='{"worker": ["w0:2222"], "ps": ["ps0:2222"]}',
     )
     parsed["files"] = {"broken": str(broken / "pipeline.yaml"), "clash": str(clash)}
     return parsed
@@ -155,6 +158,18 @@ def test_a_pipeline_on_the_path_gets_its_dags_without_its_code_imported(
     assert parsed["dags"]["retrain_mine"]["task_order"] == TASK_IDS
     # Neither its module (which imports TensorFlow) nor anything heavy was imported.
     assert parsed["heavy_modules"] == []
+
+
+def test_the_cluster_params_offer_only_the_deployments_cluster_names(
+    parsed_with_user_pipelines: dict[str, Any],
+) -> None:
+    for dag_id in ("retrain_mine", "retrain_mnist"):
+        params = parsed_with_user_pipelines["dags"][dag_id]["params"]
+        assert params["ray_cluster"]["schema"]["enum"] == [None, "", "east", "west"]
+        assert params["cluster"]["schema"]["enum"] == [None, "", "default"]
+        assert params["ray_cluster"]["value"] is None  # the form's default: cluster 'default'
+        # The form shows names only: no address reaches the trigger form.
+        assert "10.0." not in json.dumps(params)
 
 
 def test_a_broken_pipeline_is_an_import_error_naming_its_file_and_field_and_the_rest_parse(
@@ -277,7 +292,7 @@ def test_params_offer_every_training_setting_with_choices(
         "ps",
         "cluster",
         "launcher",
-        "ray_address",
+        "ray_cluster",
         "placement",
         "max_restarts",
         "loop",
@@ -291,13 +306,22 @@ def test_params_offer_every_training_setting_with_choices(
     for key, param in params.items():
         default = getattr(spec.training, key)
         # No standing cluster is null in the form (an empty required string would block it).
-        optional = key in ("cluster", "ray_address")
+        optional = key in ("cluster", "ray_cluster")
         assert param["value"] == (default or None if optional else default), key
         assert param["description"], key
         kinds = ("string", "integer", "number", "boolean", ["null", "string"])
         assert param["schema"]["type"] in kinds, key
     assert params["strategy"]["schema"]["enum"] == list(STRATEGIES)
     assert params["loop"]["schema"]["enum"] == list(LOOPS)
+    # No cluster configured where this parse ran: a run may only leave them empty.
+    assert (
+        params["cluster"]["schema"]["enum"]
+        == params["ray_cluster"]["schema"]["enum"]
+        == [
+            None,
+            "",
+        ]
+    )
     assert params["replicas"]["schema"]["enum"] == list(REPLICA_CHOICES)
     assert params["workers"]["schema"]["enum"] == list(WORKER_CHOICES)
     assert params["ps"]["schema"]["enum"] == list(PS_CHOICES)

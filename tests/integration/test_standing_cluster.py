@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import names, settings
+from stratoflow.config import clusters, names
 from stratoflow.distributed import cluster
 from stratoflow.distributed.launcher import READY_MARKER
 from tasks.run_context import AirflowRun
@@ -104,13 +104,15 @@ def assert_ran_on(
 
 
 def test_parameter_server_training_uses_the_standing_servers(
-    tf_runtime, standing_cluster, mlflow_client, child_watcher
+    tf_runtime, standing_cluster, mlflow_client, child_watcher, monkeypatch
 ):
     from tasks import prepare, train
 
     layout, servers = standing_cluster
+    # The deployment names its clusters; the run picks one by name.
+    monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"rack-1": layout.jobs}))
     run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
-    params = {"strategy": "parameter_server", "cluster": json.dumps(layout.jobs), "epochs": 3}
+    params = {"strategy": "parameter_server", "cluster": "rack-1", "epochs": 3}
     trained = train.train(run, prepare.prepare("digits", params, run))
 
     assert trained.num_workers == 2
@@ -123,24 +125,26 @@ def test_parameter_server_training_uses_the_standing_servers(
 def test_a_dag_run_without_a_cluster_uses_stratoflow_cluster(
     standing_cluster, mlflow_client, child_watcher, monkeypatch
 ):
-    """`cluster` empty, `$STRATOFLOW_CLUSTER` set where the tasks run: a real DAG run uses it."""
+    """`cluster` empty, `$STRATOFLOW_CLUSTER` set where the tasks run: a real DAG run uses it,
+    as the deployment's cluster `default`."""
     layout, servers = standing_cluster
-    monkeypatch.setenv(settings.CLUSTER_ENV, json.dumps(layout.jobs))
+    monkeypatch.setenv(clusters.STANDING_CLUSTER_ENV, json.dumps(layout.jobs))
     run = run_dag(mlflow_client, "digits", {"strategy": "parameter_server", "epochs": 2})
 
     assert run.data.tags["strategy"] == "parameter_server"
     assert_ran_on(layout, mlflow_client, run.info.run_id, child_watcher)
-    assert json.loads(run.data.params["training.cluster"]) == layout.jobs  # the resolved config
+    assert run.data.params["training.cluster"] == "default"  # the resolved config: a name
     assert all(server.poll() is None for server in servers)
 
 
-def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime):
+def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime, monkeypatch):
     from tasks import prepare, train
 
     closed_port = cluster.free_ports(1)[0]
     jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
+    monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"gone": jobs}))
     run = AirflowRun("retrain_digits", f"manual__{uuid.uuid4().hex[:12]}")
-    params = {"strategy": "parameter_server", "cluster": json.dumps(jobs)}
+    params = {"strategy": "parameter_server", "cluster": "gone"}
     prepared = prepare.prepare("digits", params, run)
     started = time.monotonic()
     with pytest.raises(cluster.ClusterUnreachableError, match=r"worker 0 at 127\.0\.0\.1:\d+"):

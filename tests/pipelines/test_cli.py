@@ -6,6 +6,7 @@ its summary and `stratoflow compare` are tested in `tests/integration/test_retra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from stratoflow.cli import main, runner
-from stratoflow.config import settings
+from stratoflow.config import clusters, settings
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.services import airflow_setup
@@ -152,10 +153,25 @@ def test_the_runner_home_is_inside_the_state_dir() -> None:
         ),
         ({"learning_rate": float("inf")}, "Invalid input for param learning_rate: inf is greater"),
         ({"cluster": 5}, "Invalid input for param cluster: 5 is not of type 'null', 'string'"),
-        ({"strategy": "parameter_server", "cluster": "ps:1"}, "run conf.cluster is not valid JSON"),
+        # Where training runs is the deployment's: a run names a configured cluster, never an
+        # address (none is configured in these tests: see `no_deployment_clusters`).
         (
-            {"strategy": "parameter_server", "cluster": '{"worker": ["w:1"]}'},
-            'run conf.cluster must be a JSON object like {"worker"',
+            {"strategy": "parameter_server", "cluster": '{"worker": ["w:1"], "ps": ["p:1"]}'},
+            'Invalid input for param cluster: \'{"worker": ["w:1"], "ps": ["p:1"]}\' is '
+            "not one of [None, '']",
+        ),
+        (
+            {"launcher": "ray", "ray_cluster": "ray://127.0.0.1:10001"},
+            "Invalid input for param ray_cluster: 'ray://127.0.0.1:10001' is not one of [None, '']",
+        ),
+        (
+            {"launcher": "ray", "ray_cluster": "x" * 1_000_000},
+            "Invalid input for param ray_cluster",
+        ),
+        ({"launcher": "ray", "ray_cluster": "$(curl evil)"}, "Invalid input for param ray_cluster"),
+        (
+            {"launcher": "ray", "ray_address": "ray://127.0.0.1:10001"},
+            "run conf: unknown key 'ray_address' (renamed: ray_cluster, the name of a Ray cluster",
         ),
         (
             {"launcher": "slurm"},
@@ -164,20 +180,10 @@ def test_the_runner_home_is_inside_the_state_dir() -> None:
         ({"max_restarts": -1}, "Invalid input for param max_restarts: -1 is less than the minimum"),
         ({"max_restarts": 11}, "Invalid input for param max_restarts: 11 is greater than the max"),
         ({"placement": "anywhere"}, "Invalid input for param placement: 'anywhere' is not one of"),
-        ({"ray_address": "head:6379"}, "run conf.ray_address applies to launcher 'ray' only"),
-        (
-            {
-                "launcher": "ray",
-                "ray_address": "head:6379",
-                "strategy": "parameter_server",
-                "cluster": '{"worker": ["w:1"], "ps": ["p:2"]}',
-            },
-            "run conf.cluster (standing servers) cannot be combined with launcher 'ray'",
-        ),
     ],
 )
 def test_check_conf_refuses_what_airflow_or_the_first_task_would(
-    conf: dict[str, Any], message: str
+    conf: dict[str, Any], message: str, no_deployment_clusters: None
 ) -> None:
     with pytest.raises(SpecError) as error:
         runner.check_conf("mnist", conf)
@@ -193,40 +199,111 @@ def test_check_conf_accepts_a_valid_conf() -> None:
     runner.check_conf("mnist", {"strategy": "mirrored", "replicas": 2, "loop": "fit"})
 
 
+@pytest.fixture
+def no_deployment_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment with no Ray and no standing clusters (whatever the test host's variables)."""
+    for variable in (
+        clusters.RAY_CLUSTERS_ENV,
+        clusters.RAY_ADDRESS_ENV,
+        clusters.STANDING_CLUSTERS_ENV,
+        clusters.STANDING_CLUSTER_ENV,
+    ):
+        monkeypatch.delenv(variable, raising=False)
+
+
+STANDING = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
+
+
 @pytest.mark.parametrize("cluster", [None, "", "omitted"])
 def test_no_standing_cluster_is_null_empty_or_omitted(
-    cluster: str | None, monkeypatch: pytest.MonkeyPatch
+    cluster: str | None, monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
 ) -> None:
     # The UI's trigger form sends the Param's default, null; the CLI and REST may send "".
     conf = {"strategy": "parameter_server"} | ({} if cluster == "omitted" else {"cluster": cluster})
     runner.check_conf("mnist", conf)
-    monkeypatch.delenv(settings.CLUSTER_ENV, raising=False)
     assert resolve_config("mnist", conf).training.cluster == ""
-    standing = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
-    monkeypatch.setenv(settings.CLUSTER_ENV, standing)
-    assert resolve_config("mnist", conf).training.cluster == standing
+    # The deployment's cluster `default` serves a run that names none, by name.
+    monkeypatch.setenv(clusters.STANDING_CLUSTER_ENV, STANDING)
+    assert resolve_config("mnist", conf).training.cluster == "default"
+    assert clusters.standing_cluster("default") == json.loads(STANDING)
 
 
-@pytest.mark.parametrize("address", [None, "", "omitted"])
-def test_launcher_ray_takes_its_address_from_the_run_or_the_deployment(
-    address: str | None, monkeypatch: pytest.MonkeyPatch
+def test_a_run_picks_a_standing_cluster_by_its_name(
+    monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
 ) -> None:
-    conf = {"launcher": "ray"} | ({} if address == "omitted" else {"ray_address": address})
-    monkeypatch.delenv(settings.RAY_ADDRESS_ENV, raising=False)
-    with pytest.raises(SpecError, match="launcher 'ray' needs the Ray cluster's address"):
+    monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"rack-2": json.loads(STANDING)}))
+    conf = {"strategy": "parameter_server", "cluster": "rack-2"}
+    assert resolve_config("mnist", conf).training.cluster == "rack-2"
+    with pytest.raises(
+        SpecError, match=r"param cluster: 'rack-3' is not one of \[None, '', 'rack-2'\]"
+    ):
+        runner.check_conf("mnist", {"strategy": "parameter_server", "cluster": "rack-3"})
+
+
+@pytest.mark.parametrize("name", [None, "", "omitted"])
+def test_launcher_ray_uses_the_deployments_default_cluster(
+    name: str | None, monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
+) -> None:
+    conf = {"launcher": "ray"} | ({} if name == "omitted" else {"ray_cluster": name})
+    with pytest.raises(SpecError, match="launcher 'ray' needs a Ray cluster of this deployment"):
         runner.check_conf("mnist", conf)
-    monkeypatch.setenv(settings.RAY_ADDRESS_ENV, "ray-head:6379")
+    monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, "ray-head:6379")  # the older single variable
     runner.check_conf("mnist", conf)
-    assert resolve_config("mnist", conf).training.ray_address == "ray-head:6379"
-    named = resolve_config("mnist", {"launcher": "ray", "ray_address": "other:6379"})
-    assert named.training.ray_address == "other:6379"  # the run's own address wins
+    assert resolve_config("mnist", conf).training.ray_cluster == "default"
+    assert clusters.ray_address("default") == "ray-head:6379"
 
 
-def test_a_standing_cluster_is_not_used_by_launcher_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    standing = '{"worker": ["127.0.0.1:2222"], "ps": ["127.0.0.1:2223"]}'
-    monkeypatch.setenv(settings.CLUSTER_ENV, standing)
-    conf = {"strategy": "parameter_server", "launcher": "ray", "ray_address": "head:6379"}
-    assert resolve_config("mnist", conf).training.cluster == ""
+def test_launcher_ray_picks_a_configured_cluster_by_name_only(
+    monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
+) -> None:
+    monkeypatch.setenv(
+        clusters.RAY_CLUSTERS_ENV, json.dumps({"east": "10.0.0.1:6379", "west": "ray://w:10001"})
+    )
+    named = resolve_config("mnist", {"launcher": "ray", "ray_cluster": "west"})
+    assert named.training.ray_cluster == "west"
+    assert clusters.ray_address("west") == "ray://w:10001"
+    # No cluster 'default': a run must name one, and the error lists them.
+    with pytest.raises(SpecError, match="it has no cluster 'default'; name one of: east, west"):
+        runner.check_conf("mnist", {"launcher": "ray"})
+    with pytest.raises(SpecError, match="ray_cluster 'north' is not a cluster of this deployment"):
+        clusters.ray_address("north")
+
+
+def test_a_standing_cluster_is_not_used_by_launcher_ray(
+    monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
+) -> None:
+    monkeypatch.setenv(clusters.STANDING_CLUSTER_ENV, STANDING)
+    monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, "head:6379")
+    conf = {"strategy": "parameter_server", "launcher": "ray"}
+    resolved = resolve_config("mnist", conf).training
+    assert (resolved.cluster, resolved.ray_cluster) == ("", "default")
+    with pytest.raises(SpecError, match="cannot be combined with launcher 'ray'"):
+        runner.check_conf("mnist", conf | {"cluster": "default"})
+    with pytest.raises(SpecError, match="ray_cluster applies to launcher 'ray' only"):
+        runner.check_conf("mnist", {"ray_cluster": "default"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (clusters.RAY_CLUSTERS_ENV, "head:6379", "$STRATOFLOW_RAY_CLUSTERS is not valid JSON"),
+        (clusters.RAY_CLUSTERS_ENV, '["head:6379"]', "must be a JSON object"),
+        (clusters.RAY_CLUSTERS_ENV, '{"a b": "h:1"}', "cluster name 'a b' must be"),
+        (clusters.RAY_CLUSTERS_ENV, '{"a": "h; rm -rf /"}', "cluster 'a' has address"),
+        (clusters.STANDING_CLUSTERS_ENV, '{"a": {"worker": ["w:1"]}}', "cluster 'a' must be a"),
+    ],
+)
+def test_a_malformed_cluster_configuration_names_its_variable(
+    variable: str,
+    value: str,
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    no_deployment_clusters: None,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(clusters.ClusterConfigError) as error:
+        clusters.ray_clusters() if "RAY" in variable else clusters.standing_clusters()
+    assert message in str(error.value)
 
 
 def test_run_pipeline_refuses_a_bad_conf_before_starting_airflow(

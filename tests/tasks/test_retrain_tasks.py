@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from stratoflow.config import names, settings
+from stratoflow.config.parsing import SpecError
 from tasks.run_context import AirflowRun
 from tests.images import png_size
 from tests.processes import restorable_epoch
@@ -271,22 +272,29 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
 
 
 def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypatch):
-    """`$STRATOFLOW_CLUSTER` is read once, by prepare: train gets the cluster through XCom even
-    when its own process no longer sees the variable (a retry on another worker, a changed
-    deployment), and here fails on that cluster's closed port instead of training elsewhere."""
+    """The cluster a run trains on is chosen once, by prepare, by name: train gets the name through
+    XCom and looks its address up in its own deployment's configuration, at the moment it
+    connects. A deployment that no longer has that cluster refuses the run (it never trains
+    elsewhere); one that has it dials that cluster (here, a closed port)."""
+    from stratoflow.config import clusters
     from stratoflow.distributed import cluster
     from tasks import prepare, train
 
     closed_port = cluster.free_ports(1)[0]
     jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
-    monkeypatch.setenv(settings.CLUSTER_ENV, json.dumps(jobs))
+    monkeypatch.delenv(clusters.STANDING_CLUSTER_ENV, raising=False)
+    monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"default": jobs}))
     run = new_run("digits")
     prepared = through_xcom(prepare.prepare("digits", {"strategy": "parameter_server"}, run))
-    assert json.loads(prepared.run_config.training.cluster) == jobs
+    assert prepared.run_config.training.cluster == "default"
 
-    monkeypatch.delenv(settings.CLUSTER_ENV)
+    monkeypatch.delenv(clusters.STANDING_CLUSTERS_ENV)
+    retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
+    with pytest.raises(SpecError, match="cluster 'default' is not a cluster of this deployment"):
+        train.train(retry, prepared)
+    monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"default": jobs}))
     with pytest.raises(cluster.ClusterUnreachableError, match=rf"127\.0\.0\.1:{closed_port}"):
-        train.train(AirflowRun(run.dag_id, run.run_id, try_number=2), prepared)
+        train.train(retry, prepared)
 
 
 @pytest.mark.integration
