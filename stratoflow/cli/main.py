@@ -25,6 +25,7 @@ from typing import Any
 
 from stratoflow.cli.tables import format_table
 from stratoflow.config import discovery, names, scaffold
+from stratoflow.config.clusters import ClusterConfigError
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec, pipeline_problems
@@ -58,7 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         usage error (from argparse).
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    parser = _parser()
+    try:
+        parser = _parser()
+    except ClusterConfigError as error:  # the run flags list the deployment's cluster names
+        log.error("%s", error)
+        return 2
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(parser, args)

@@ -382,3 +382,11 @@ def test_new_pipeline_refuses_a_name_that_cannot_be_a_pipeline(
     assert main.main(["new-pipeline", "my-model", "--dir", str(tmp_path)]) == 1
     assert "pipeline name 'my-model' is not valid" in caplog.text
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_refuses_a_malformed_cluster_configuration_naming_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, no_deployment_clusters: None
+) -> None:
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, "head:6379")
+    assert main.main(["list"]) == 2
+    assert "$STRATOFLOW_RAY_CLUSTERS is not valid JSON" in caplog.text
