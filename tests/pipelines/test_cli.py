@@ -27,10 +27,25 @@ def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.main(["list"]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["pipeline", "dataset", "model", "schedule", "registered_model"]
+    assert lines[0].split() == [
+        "pipeline",
+        "dataset",
+        "model",
+        "schedule",
+        "registered_model",
+        "dag_ids",
+    ]
     mnist = next(line for line in lines if line.startswith("mnist "))
-    for expected in ("stratoflow_mnist5k 1.0.0", "small_cnn", "0 3 * * 1", "stratoflow-mnist"):
+    for expected in (
+        "stratoflow_mnist5k 1.0.0",
+        "small_cnn",
+        "0 3 * * 1",
+        "stratoflow-mnist",
+        "retrain_mnist,benchmark_strategies_mnist,refresh_stratoflow_mnist5k",
+    ):
         assert expected in mnist
+    diabetes = next(line for line in lines if line.startswith("diabetes "))
+    assert diabetes.endswith(" retrain_diabetes,refresh_stratoflow_diabetes")  # regression
     digits = next(line for line in lines if line.startswith("digits "))
     for expected in ("stratoflow_digits 1.0.0", "mlp", "30 2 * * *", "stratoflow-digits"):
         assert expected in digits
