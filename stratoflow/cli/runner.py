@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader
+from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_label
 from stratoflow.config import names, settings
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
@@ -506,19 +506,20 @@ def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:
 
 
 def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[tuple[str, str]]:
-    """(task id, state) of the run's failed and upstream-failed task instances, as they ran."""
+    """(task instance, state) of the run's failed and upstream-failed task instances, as they
+    ran; a task instance is named as `task_failures.task_label` names it."""
     try:
         with _connect(db) as connection:
             rows = connection.execute(
-                "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ? "
-                "AND state IN ('failed', 'upstream_failed') "
-                "ORDER BY start_date, priority_weight DESC, task_id",
+                "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ? AND "
+                "run_id = ? AND state IN ('failed', 'upstream_failed') "
+                "ORDER BY start_date, priority_weight DESC, task_id, map_index",
                 (dag_id, run_id),
             ).fetchall()
     except sqlite3.Error as error:
         log.warning("Could not read the task states of DAG run %s: %s", run_id, error)
         return []
-    return [(str(task_id), str(state)) for task_id, state in rows]
+    return [(task_label(str(task), int(index)), str(state)) for task, index, state in rows]
 
 
 def _connect(db: Path) -> sqlite3.Connection:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 # Airflow's console renderer starts every event with an ISO timestamp and the padded level.
 _EVENT = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z? \[")
-_TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+)")
+_TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
 _TASK_FAILED = "Task failed with exception"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TRACEBACK = "Traceback (most recent call last):"
@@ -35,7 +35,7 @@ class TaskFailure:
     """The exception a task's last failed try raised.
 
     Attributes:
-        task_id: the task.
+        task_id: the task instance (`task_label`: the task id, `[index]` if mapped).
         error_type: the exception's class name, e.g. "SpecError".
         message: its message (may span lines: a training process's last log lines).
     """
@@ -75,7 +75,7 @@ class TaskFailureReader:
             return
         started = _TASK_START.search(line)
         if started:
-            self._task = started.group(1)
+            self._task = task_label(started.group(1), int(started.group(2)))
         elif _TASK_FAILED in line and self._task is not None:
             self._traceback = []
 
@@ -90,6 +90,11 @@ class TaskFailureReader:
         if error is not None:
             self.failures[self._task] = TaskFailure(self._task, *error)
         self._traceback = None
+
+
+def task_label(task_id: str, map_index: int) -> str:
+    """How a task instance is named: its task id, and `[index]` for a mapped one."""
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
 
 
 def raised_exception(traceback_lines: list[str]) -> tuple[str, str] | None:

@@ -308,12 +308,18 @@ def test_the_failure_reader_keeps_each_tasks_last_error_as_the_task_raised_it() 
                 f"log:\n{log_tail}"
             )
 
+    def mapped() -> None:
+        raise ValueError("strategy 'tpu' cannot run here")
+
     reader = TaskFailureReader()
     output = [
         _event("[DAG TEST] starting task_id=prepare_dataset map_index=-1"),
         _event("Task failed with exception", "error"),
         *_traceback_of(refused),
         _event("[DAG TEST] end task task_id=prepare_dataset map_index=-1"),
+        _event("[DAG TEST] starting task_id=train_strategy map_index=2"),
+        _event("Task failed with exception", "error"),
+        *_traceback_of(mapped),
     ]
     for try_number in (1, 2):
         output += [
@@ -329,6 +335,9 @@ def test_the_failure_reader_keeps_each_tasks_last_error_as_the_task_raised_it() 
     assert reader.failures["prepare_dataset"].describe() == (
         "prepare_dataset failed: SpecError: /p/pipeline.yaml: model.builder 'model:build' "
         "raised RuntimeError: boom"
+    )
+    assert reader.failures["train_strategy[2]"].describe() == (
+        "train_strategy[2] failed: ValueError: strategy 'tpu' cannot run here"
     )
     described = reader.failures["train_model"].describe().splitlines()
     assert described[0] == (
