@@ -3,6 +3,7 @@
     stratoflow run mnist --strategy mirrored --replicas 2 --epochs 3
     stratoflow run digits --conf '{"learning_rate": 0.01}' --no-promote
     stratoflow list
+    stratoflow check [NAME|PATH ...]
     stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
     stratoflow services up|status|down [--state-dir DIR] [--ray]
@@ -28,7 +29,7 @@ from stratoflow.config import discovery, names, scaffold
 from stratoflow.config.clusters import ClusterConfigError
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
-from stratoflow.config.spec import list_pipelines, load_spec, pipeline_problems
+from stratoflow.config.spec import list_pipelines, pipeline_problems
 from stratoflow.config.training import settings_of
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(parser, args)
     if args.command == "list":
         return _list()
+    if args.command == "check":
+        return _check(parser, args)
     if args.command == "serve":
         return _serve(parser, args)
     if args.command == "benchmark":
@@ -100,7 +103,27 @@ def _parser() -> argparse.ArgumentParser:
         help="the run's Params as a JSON object, as for `airflow dags test -c`",
     )
 
-    commands.add_parser("list", help="list the pipelines and their schedules")
+    commands.add_parser(
+        "list",
+        help="list the pipelines, their schedules and DAG ids",
+        description="List every pipeline that loads, with its DAG ids; log the file and field of "
+        "each one that does not, and then exit 1.",
+    )
+
+    check = commands.add_parser(
+        "check",
+        help="check pipelines as a run's first task would, without Airflow (exit 1 on a failure)",
+        description="Check each pipeline's spec, its run defaults, its dataset (prepared, or "
+        "prepared now) and its own code on two training examples, as the first task of a run "
+        "does; print a line per check, and the file and field of each failure.",
+    )
+    check.add_argument(
+        "targets",
+        nargs="*",
+        metavar="NAME|PATH",
+        help="a pipeline's name, a pipeline folder or a folder of them (default: every "
+        "pipeline found)",
+    )
 
     new = commands.add_parser(
         "new-pipeline",
@@ -354,12 +377,15 @@ def _new_pipeline(args: argparse.Namespace) -> int:
 
 
 def _list() -> int:
-    rows = []
+    from stratoflow.cli.check import dag_ids
+    from stratoflow.training.validation import load_pipeline
+
+    rows, problems = [], []
     for name in list_pipelines():
         try:
-            spec = load_spec(name)
+            spec = load_pipeline(name)  # as the DAG files load it
         except SpecError as error:
-            log.error("not loaded: %s", error)
+            problems.append(f"pipeline {name!r}: {error}")
             continue
         rows.append(
             {
@@ -368,12 +394,23 @@ def _list() -> int:
                 "model": spec.model.builder,
                 "schedule": spec.schedule or "manual only",
                 "registered_model": spec.registered_model,
+                "dag_ids": dag_ids(spec),
             }
         )
     sys.stdout.write(format_table(rows, list(rows[0]) if rows else []))
-    for name, problem in sorted(pipeline_problems().items()):
-        log.error("not loaded: %s: %s", name, problem)
-    return 0
+    problems += [f"{name}: {problem}" for name, problem in sorted(pipeline_problems().items())]
+    for problem in problems:
+        log.error("not loaded: %s", problem)
+    return 1 if problems else 0
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from stratoflow.cli.check import TargetError, check_command
+
+    try:
+        return check_command(args.targets)
+    except TargetError as error:
+        parser.error(str(error))
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.config import names
+from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_label
+from stratoflow.config import names, settings
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec
@@ -48,6 +49,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # ones become failed, the unfinished ones skipped.
 RUNNING_TI_STATES = ("running", "deferred", "up_for_reschedule", "awaiting_input")
 FINISHED_TI_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
+# How long the output copier may go on after `airflow dags test` exited (its pipe may still be
+# held open by a process it left behind).
+OUTPUT_DRAIN_SECONDS = 10.0
 
 
 class RunError(RuntimeError):
@@ -213,7 +217,8 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     finishes off what it left running (`reconcile_orphaned_runs`).
 
     Raises:
-        RunError: the DAG run failed or was not created (names the failed tasks).
+        RunError: the DAG run failed or was not created (names the failed tasks and, last, the
+            exception each one raised, read from the output of `airflow dags test`).
         RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
     """
     from stratoflow.distributed.launcher import die_with_parent
@@ -223,34 +228,99 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     previous = _latest_run(db, dag_id)
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
     log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
-    # Output goes straight to the terminal, so the task logs stream as they are written. Its own
-    # process group is a background one: it must not wait for terminal input (SIGTTIN).
+    # Its stdout (Airflow's log, where a task's exception is) is copied to ours as it comes,
+    # so the task logs stream as they are written, and read for why a task failed; stderr goes
+    # straight to ours. Unbuffered, so that print() output keeps its place among the log lines.
+    # Plain tracebacks (Airflow uses rich ones when $DEV is set), which the reader parses. Its
+    # own process group is a background one: it must not wait for terminal input (SIGTTIN).
     process = subprocess.Popen(
         command,
-        env=dict(env),
+        env={**env, "PYTHONUNBUFFERED": "1", "DEV": ""},
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         process_group=0,
         preexec_fn=die_with_parent(signal.SIGKILL),
     )
+    reader = TaskFailureReader()
+    copier = threading.Thread(
+        target=_copy_output, args=(process, reader), name="dags-test-output", daemon=True
+    )
+    copier.start()
     try:
         returncode = process.wait()
     except KeyboardInterrupt as interrupt:
         signum = getattr(interrupt, "signum", signal.SIGINT)
         with _handling(STOP_SIGNALS, signal.SIG_IGN):  # a 2nd Ctrl-C must not cut the clean-up
             raise _stop(process, dag_id, db, previous, signum) from None
+    finally:
+        # A process it left behind may hold the pipe open: do not wait for it for long.
+        copier.join(OUTPUT_DRAIN_SECONDS)
     # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
     latest = _latest_run(db, dag_id)
     run = latest if latest and latest != previous else None
     if returncode or run is None or run[1] != "success":
-        failed = _failed_tasks(db, dag_id, run[0]) if run else []
         raise RunError(
-            f"DAG run of {dag_id} failed (airflow dags test exit code {returncode}"
-            + (f", run {run[0]} {run[1]}" if run else ", no DAG run was created")
-            + (f"; failed tasks: {', '.join(failed)}" if failed else "")
-            + f"). The task logs are above and under {home / 'logs'}.",
+            _failure_message(dag_id, returncode, db, run, reader.failures),
             run_id=run[0] if run else None,
         )
     return run[0]
+
+
+def _copy_output(process: subprocess.Popen[bytes], reader: TaskFailureReader) -> None:
+    """Copy the process's stdout to ours (file descriptor 1) and feed its lines to `reader`."""
+    assert process.stdout is not None
+    copying = True
+    for line in iter(process.stdout.readline, b""):
+        if copying:
+            try:
+                _write_all(1, line)
+            except OSError:  # our stdout was closed (`| head`): keep reading, stop copying
+                copying = False
+        reader.take_line(line.decode("utf-8", errors="replace"))
+    reader.finish()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _failure_message(
+    dag_id: str,
+    returncode: int,
+    db: Path,
+    run: tuple[str, str] | None,
+    failures: Mapping[str, TaskFailure],
+) -> str:
+    """What failed and why, the cause last: the DAG run, its failed tasks, each one's error."""
+    if run is None:
+        return (
+            f"No DAG run of {dag_id} was created (airflow dags test exit code {returncode}); "
+            "its output is above."
+        )
+    states = _failed_tasks(db, dag_id, run[0])
+    failed = [task for task, state in states if state == "failed"]
+    upstream = [task for task, state in states if state == "upstream_failed"]
+    # A task that failed in the output but not in the DB (it could not be read) still counts.
+    failed += [task for task in failures if task not in failed]
+    lines = [
+        f"DAG run {run[0]} of {dag_id} {run[1]} (airflow dags test exit code {returncode})"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + (f"; not run, upstream failed: {', '.join(upstream)}" if upstream else "")
+        + ". The task logs are above; why it failed:"
+    ]
+    for task in failed:
+        failure = failures.get(task)
+        lines.append(
+            failure.describe()
+            if failure
+            else f"{task} failed; its exception is not in the output above (the task's process "
+            "may have been killed)"
+        )
+    if not failed:
+        lines.append("no task failed; the output above says why the DAG run did")
+    return "\n".join(lines)
 
 
 def _stop(
@@ -435,14 +505,21 @@ def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:
     return (row[0], row[1]) if row else None
 
 
-def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[str]:
-    with _connect(db) as connection:
-        rows = connection.execute(
-            "SELECT task_id, state FROM task_instance WHERE dag_id = ? AND run_id = ? "
-            "AND state IN ('failed', 'upstream_failed') ORDER BY start_date",
-            (dag_id, run_id),
-        ).fetchall()
-    return [f"{task_id} ({state})" for task_id, state in rows]
+def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[tuple[str, str]]:
+    """(task instance, state) of the run's failed and upstream-failed task instances, as they
+    ran; a task instance is named as `task_failures.task_label` names it."""
+    try:
+        with _connect(db) as connection:
+            rows = connection.execute(
+                "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ? AND "
+                "run_id = ? AND state IN ('failed', 'upstream_failed') "
+                "ORDER BY start_date, priority_weight DESC, task_id, map_index",
+                (dag_id, run_id),
+            ).fetchall()
+    except sqlite3.Error as error:
+        log.warning("Could not read the task states of DAG run %s: %s", run_id, error)
+        return []
+    return [(task_label(str(task), int(index)), str(state)) for task, index, state in rows]
 
 
 def _connect(db: Path) -> sqlite3.Connection:

@@ -227,6 +227,11 @@ def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
     assert sorted(names.refresh_dag_id(name) for name in assets.datasets_in_use()) == sorted(
         set(parsed["dags"]) - set(retrain) - set(benchmark)
     )
+    # `stratoflow list` shows each pipeline's DAG ids without Airflow: the same ones.
+    from stratoflow.cli.check import dag_ids
+
+    listed = {dag_id for name in list_pipelines() for dag_id in dag_ids(load_spec(name))}
+    assert listed == set(parsed["dags"])
 
 
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:

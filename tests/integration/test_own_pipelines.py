@@ -253,3 +253,39 @@ def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(
         [details] = json.loads(printed.strip().splitlines()[-1])
         assert (details["is_stale"], details["has_import_errors"]) == ("False", "False"), details
     assert "retrain_broken" not in listed
+
+
+def test_a_failed_run_ends_naming_the_failing_task_and_its_error(tmp_path: Path, mlflow_client):
+    """`stratoflow run` of a pipeline whose model builder raises: the first task refuses it
+    through Airflow, and the last lines the user sees name that task and the exception it
+    raised (not only "the task logs are above", 50 lines below the traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.tasks.test_own_code import write_pipeline
+
+    folder = write_pipeline(
+        tmp_path,
+        "raising",
+        {"model.py": "def build(features, target, width=8):\n    raise RuntimeError('boom')\n"},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "stratoflow.cli.main", "run", "raising"],
+        env={**os.environ, "STRATOFLOW_PIPELINES_PATH": str(tmp_path)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert done.returncode == 1, done.stdout[-3000:]
+    last = "\n".join(done.stdout.strip().splitlines()[-5:])
+    assert (
+        f"prepare_dataset failed: SpecError: {folder / 'pipeline.yaml'}: model.builder "
+        "'model:build' raised RuntimeError: boom" in last
+    ), last
+    assert "failed: prepare_dataset" in last and "retrain_raising" in last, last
+    assert "Traceback" not in last, last

@@ -28,10 +28,25 @@ def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     assert main.main(["list"]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["pipeline", "dataset", "model", "schedule", "registered_model"]
+    assert lines[0].split() == [
+        "pipeline",
+        "dataset",
+        "model",
+        "schedule",
+        "registered_model",
+        "dag_ids",
+    ]
     mnist = next(line for line in lines if line.startswith("mnist "))
-    for expected in ("stratoflow_mnist5k 1.0.0", "small_cnn", "0 3 * * 1", "stratoflow-mnist"):
+    for expected in (
+        "stratoflow_mnist5k 1.0.0",
+        "small_cnn",
+        "0 3 * * 1",
+        "stratoflow-mnist",
+        "retrain_mnist,benchmark_strategies_mnist,refresh_stratoflow_mnist5k",
+    ):
         assert expected in mnist
+    diabetes = next(line for line in lines if line.startswith("diabetes "))
+    assert diabetes.endswith(" retrain_diabetes,refresh_stratoflow_diabetes")  # regression
     digits = next(line for line in lines if line.startswith("digits "))
     for expected in ("stratoflow_digits 1.0.0", "mlp", "30 2 * * *", "stratoflow-digits"):
         assert expected in digits
@@ -334,6 +349,82 @@ def test_a_stop_signal_before_the_dag_run_exits_with_its_code_and_one_line(
     assert caplog.text.count("Stopped by") == 1
     assert f"Stopped by {name}; no DAG run was in progress." in caplog.text
     assert signal.getsignal(signum) is handler  # restored for whatever runs next
+
+
+def _event(text: str, level: str = "info") -> str:
+    """A line as Airflow's console log renderer writes it (the real output: test_own_pipelines)."""
+    return f"2026-12-06T02:21:38.819542Z [{level:<9}] {text} [task] loc=task_runner.py:1639\n"
+
+
+def _traceback_of(call: Any) -> list[str]:
+    import traceback
+
+    try:
+        call()
+    except Exception as error:
+        return "".join(traceback.format_exception(error)).splitlines(keepends=True)
+    raise AssertionError("did not raise")
+
+
+def test_the_failure_reader_keeps_each_tasks_last_error_as_the_task_raised_it() -> None:
+    from dags.refusals import no_retry_on_refusal
+    from stratoflow.cli.task_failures import TaskFailureReader
+    from stratoflow.distributed.launcher import ChildProcessFailed
+
+    @no_retry_on_refusal
+    def refused() -> None:
+        raise SpecError("/p/pipeline.yaml: model.builder 'model:build' raised RuntimeError: boom")
+
+    def crashed(try_number: int) -> None:
+        log_tail = "\n".join(f"  member line {n}" for n in range(1, 31))
+        try:
+            raise OSError("pipe closed")
+        except OSError:
+            raise ChildProcessFailed(  # noqa: B904 (printed after the OSError: the context)
+                f"chief (pid 7) exited with code -6 (try {try_number}). Last 30 lines of its "
+                f"log:\n{log_tail}"
+            )
+
+    def mapped() -> None:
+        raise ValueError("strategy 'tpu' cannot run here")
+
+    reader = TaskFailureReader()
+    output = [
+        _event("[DAG TEST] starting task_id=prepare_dataset map_index=-1"),
+        _event("Task failed with exception", "error"),
+        *_traceback_of(refused),
+        _event("[DAG TEST] end task task_id=prepare_dataset map_index=-1"),
+        _event("[DAG TEST] starting task_id=train_strategy map_index=2"),
+        _event("Task failed with exception", "error"),
+        *_traceback_of(mapped),
+    ]
+    for try_number in (1, 2):
+        output += [
+            _event("[DAG TEST] starting task_id=train_model map_index=-1"),
+            "print() output of the task\n",
+            _event("Task failed with exception", "error"),
+            *_traceback_of(lambda try_number=try_number: crashed(try_number)),
+        ]  # the output ends inside the last traceback
+    for line in output:
+        reader.take_line(line)
+    reader.finish()
+
+    assert reader.failures["prepare_dataset"].describe() == (
+        "prepare_dataset failed: SpecError: /p/pipeline.yaml: model.builder 'model:build' "
+        "raised RuntimeError: boom"
+    )
+    assert reader.failures["train_strategy[2]"].describe() == (
+        "train_strategy[2] failed: ValueError: strategy 'tpu' cannot run here"
+    )
+    described = reader.failures["train_model"].describe().splitlines()
+    assert described[0] == (
+        "train_model failed: ChildProcessFailed: chief (pid 7) exited with code -6 (try 2). "
+        "Last 30 lines of its log:"
+    )
+    assert described[1:] == [
+        "  (20 lines omitted)",
+        *(f"  member line {n}" for n in range(21, 31)),
+    ]
 
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:
