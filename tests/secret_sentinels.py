@@ -77,5 +77,9 @@ def env_probe(folder: Path) -> str:
 
 
 def dumps(folder: Path) -> list[dict[str, Any]]:
-    """What the probes wrote into `folder`: `where`, `pid`, `argv` and `environ` of each call."""
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))]
+    """What the probes wrote into `folder`: `where`, `pid`, `argv` and `environ` of each call,
+    and the `file` it is in."""
+    return [
+        {**json.loads(path.read_text()), "file": path.name}
+        for path in sorted(folder.glob("*.json"))
+    ]
