@@ -270,6 +270,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
 
 
+@pytest.mark.integration  # prepare's own-code check runs in a child process
 def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypatch):
     """`$STRATOFLOW_CLUSTER` is read once, by prepare: train gets the cluster through XCom even
     when its own process no longer sees the variable (a retry on another worker, a changed
