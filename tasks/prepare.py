@@ -92,29 +92,20 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
 
     Raises:
         SpecError: invalid Params; data that does not fit the spec (labels vs `task`); the
-            pipeline's own code (model builder, preprocessing, optimizer) refused; each naming
-            the pipeline file and the field.
+            pipeline's own code (dataset builder, model builder, preprocessing, optimizer)
+            refused; each naming the pipeline file and the field.
         TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
+        ChildProcessFailed: the child that prepares the dataset and checks the pipeline's code
+            failed otherwise (its last log lines quoted); a retry may get past it.
     """
     from stratoflow.tracking import mlflow_runs
 
     spec = resolve_config(pipeline, params)
     mlflow_runs.check_reachable()
-    from stratoflow.config.parsing import SpecError
-    from stratoflow.data import datasets  # builds with TensorFlow: after the cheap checks
-    from stratoflow.training.validation import check_pipeline_code
+    from stratoflow.training import own_code_check
 
-    try:
-        reference = datasets.prepare_dataset(
-            spec.dataset, folder=spec.folder or None, task=spec.task
-        )
-    except (datasets.DatasetMismatchError, SpecError) as error:
-        message = str(error)
-        # Refused for good (no retry): the spec and its data decide it.
-        raise SpecError(
-            message if spec.source in message else f"{spec.source}: {message}"
-        ) from None
-    check_pipeline_code(spec, reference)
+    # The pipeline's dataset builder and code run in a child with the pipeline environment.
+    reference = own_code_check.prepare_and_check(spec)
     mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec, run.dag_id, run.run_id, run.try_number, reference.to_dict()
     )

@@ -24,7 +24,9 @@ from stratoflow.config import names
 TRAINING_MODULE = "stratoflow.training.worker"
 SERVER_MODULE = "stratoflow.distributed.server"
 ECHO_MODULE = "tests.tasks.echo_program"
-CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE)
+# The first task's child: the pipeline's dataset builder and the own-code check.
+OWN_CODE_CHECK_MODULE = "stratoflow.training.own_code_check"
+CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE, OWN_CODE_CHECK_MODULE)
 
 
 def _module_of(process: psutil.Process) -> str | None:
@@ -33,7 +35,8 @@ def _module_of(process: psutil.Process) -> str | None:
 
 
 def cluster_children() -> list[psutil.Process]:
-    """This process's live descendants that run a training, server or echo program."""
+    """This process's live descendants that run a training, server, echo or own-code check
+    program."""
     children = []
     for child in psutil.Process().children(recursive=True):
         try:

@@ -11,6 +11,8 @@ rejoins while training goes on (TensorFlow's coordinator reschedules its steps);
 restarts the whole cluster, which resumes from the last checkpoint. The supervision here is
 shared with the Ray launcher (`stratoflow.distributed.ray_launcher`), whose members are Ray
 actors instead of local processes.
+Every member starts from the allowlisted environment of `member_environment` (pipeline code
+runs in it), not from this process's, which holds the deployment's secrets.
 This is the only module that starts or watches local processes.
 """
 
@@ -31,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from stratoflow.distributed.member_environment import pipeline_environment
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +158,8 @@ def run_python_module(
     """Run `python -m module PAYLOAD_JSON RESULT_JSON` in a child and return its JSON result.
 
     The child's output is streamed line by line into this process's log (so it shows in the
-    Airflow task log), and the child dies with this process (`PR_SET_PDEATHSIG`).
+    Airflow task log), and the child dies with this process (`PR_SET_PDEATHSIG`). Like every
+    member, it gets the allowlisted environment (`member_environment`) plus `env`.
 
     Raises:
         ChildProcessFailed: non-zero exit, a signal, a timeout or no result; the message names
@@ -162,6 +167,20 @@ def run_python_module(
     """
     member = Member(name, module, env or {})
     return run_cluster(lambda: [member], name, payload, timeout_seconds=timeout_seconds)
+
+
+def child_main(main: Callable[[str, str], None], what: str) -> None:
+    """The entry of a child program, `python -m module PAYLOAD RESULT`: `main(PAYLOAD, RESULT)`.
+
+    A Python error is logged (`what` failed) and handed to the launcher in the result file
+    (`{"error": "Type: message"}`, exit status 2), which raises it in the task.
+    """
+    try:
+        main(*sys.argv[1:3])
+    except Exception as error:
+        logging.getLogger(main.__module__).exception("%s failed", what)
+        Path(sys.argv[2]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        sys.exit(2)
 
 
 def run_cluster(
@@ -536,6 +555,8 @@ class _LocalCluster(Cluster):
             payload_path = Path(workdir) / "payload.json"
             payload_path.write_text(json.dumps(self.payload))
             started = time.time()
+            # Pipeline code runs in every member: the allowlist, not this process's secrets.
+            inherited = pipeline_environment(os.environ)
             running: dict[str, Running] = {}
             try:
                 for member in self.members:
@@ -548,7 +569,7 @@ class _LocalCluster(Cluster):
                         str(result_path),
                     ]
                     env = {
-                        **os.environ,
+                        **inherited,
                         "TMPDIR": workdir,
                         **member.env,
                         PROCESS_START_ENV: str(started),

@@ -13,7 +13,9 @@ lost member (killed, or its node dead or unreachable) restarts the cluster from 
 checkpoint within the run's `max_restarts`.
 
 Actors of a standing cluster do not inherit this process's environment: what the members need
-(MLflow, the data and state folders) is passed to them explicitly (`FORWARDED_ENV`). The driver
+(MLflow, the data and state folders, the team's own variables) is passed to them explicitly
+(`FORWARDED_ENV`). A member's process gets the node's environment only through the allowlist
+of `member_environment`: the Ray token of the node (and this driver's) never reaches it. The driver
 needs a Ray node on its own host (`ray.init` of an existing cluster connects to the local
 raylet): README, "Several machines".
 """
@@ -50,6 +52,7 @@ from stratoflow.distributed.launcher import (
     retry_port_clashes,
     with_restarts,
 )
+from stratoflow.distributed.member_environment import pipeline_environment, team_variables
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +69,12 @@ PORT_CLASH_ATTEMPTS = 3
 # How often each member is asked for its new output and state.
 POLL_INTERVAL_SECONDS = 0.5
 # Variables every member needs from this process: actors get the node's environment, not ours.
+# Each is allowlisted (`member_environment`); the team's own variables go with them.
 FORWARDED_ENV = (
     settings.TRACKING_URI_ENV,
     "MLFLOW_TRACKING_USERNAME",
     "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_DISABLE_TELEMETRY",
     settings.DATA_DIR_ENV,
     settings.STATE_DIR_ENV,
@@ -89,7 +94,8 @@ class MemberHost:
     """The Ray actor behind one member: runs its program as a child on the actor's node.
 
     The child dies with the actor (`PR_SET_PDEATHSIG`), so a killed actor or node leaves no
-    training process behind.
+    training process behind. It gets the node's allowlisted environment
+    (`member_environment`), then what the driver sends.
     """
 
     def __init__(self) -> None:
@@ -118,8 +124,11 @@ class MemberHost:
         result_path = Path(self.workdir) / "result.json"
         payload_path.write_text(payload)
         result_path.unlink(missing_ok=True)
-        # Ray pins 1-CPU actors to one OpenMP thread; TensorFlow sizes its own pools.
-        inherited = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        # The node's environment holds its Ray token: the member gets the allowlist. Ray pins
+        # 1-CPU actors to one OpenMP thread; TensorFlow sizes its own pools.
+        inherited = {
+            k: v for k, v in pipeline_environment(os.environ).items() if k != "OMP_NUM_THREADS"
+        }
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, str(payload_path), str(result_path)],
             stdout=subprocess.PIPE,
@@ -462,7 +471,10 @@ class _RayCluster(Cluster):
                 jobs.setdefault(planned.job, []).append(f"{node['ip']}:{node['port']}")
         layout = ClusterLayout(jobs) if jobs else None
         placed = {m.name: describe_node(n) for m, n in zip(self.plan, nodes, strict=True)}
-        forwarded = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
+        forwarded = {
+            **{name: os.environ[name] for name in FORWARDED_ENV if name in os.environ},
+            **team_variables(os.environ),
+        }
         started = str(self.launched)
         return [
             Member(

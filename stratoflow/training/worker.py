@@ -76,10 +76,6 @@ def _all_of(callbacks: list[Callable[[Any], None]]) -> Callable[[Any], None]:
 
 
 if __name__ == "__main__":
-    try:
-        main(*sys.argv[1:3])
-    except Exception as error:
-        # A Python-level failure: hand the message to the launcher, which raises it in the task.
-        logging.getLogger(__name__).exception("training failed")
-        Path(sys.argv[2]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        sys.exit(2)
+    from stratoflow.distributed.launcher import child_main
+
+    child_main(main, "training")

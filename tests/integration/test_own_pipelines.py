@@ -1,13 +1,17 @@
 """A user's own pipelines, run end to end through Airflow (`airflow dags test`, as `make run`
 does): one written into a folder outside the repository (its own model module, its own image
 folder of PNG files read with TFDS's `ImageFolder`, its own preprocessing) and found through
-`STRATOFLOW_PIPELINES_PATH`, under `one_device` and `multi_worker_mirrored`; and the bundled
+`STRATOFLOW_PIPELINES_PATH`, under `one_device` and `multi_worker_mirrored`, whose model builder
+writes down the environment of each process it runs in (none may hold the deployment's secrets,
+which `airflow dags test` is given as sentinels); and the bundled
 regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
 with predictions. A broken user pipeline is tested where Airflow parses it
 (`tests/dags/test_dagbag.py`)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ import pytest
 
 from stratoflow.cli import runner
 from stratoflow.config import names, settings
+from tests.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, dumps, env_probe, leaked
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +52,12 @@ retries: 0
 BARS_MODEL = '''
 import keras
 
+from . import env_probe
+
 
 def build(features, target, filters=4):
     """A user's model: one convolution, then logits per class."""
+    env_probe.dump("model builder")  # the test reads back the environment it was given
     return keras.Sequential(
         [
             keras.Input(shape=features.shape),
@@ -87,7 +95,13 @@ def _write_images(root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def own_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def environment_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the shapes pipeline's model builder writes down each process's environment."""
+    return tmp_path_factory.mktemp("environment-dumps")
+
+
+@pytest.fixture(scope="module")
+def own_pipelines(tmp_path_factory: pytest.TempPathFactory, environment_dumps: Path) -> Path:
     """A team's folder of pipelines, outside the repository, on STRATOFLOW_PIPELINES_PATH."""
     team = tmp_path_factory.mktemp("team-pipelines")
     assert settings.PROJECT_ROOT not in team.parents
@@ -95,11 +109,23 @@ def own_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shapes.mkdir()
     (shapes / "pipeline.yaml").write_text(SHAPES_YAML)
     (shapes / "bars_model.py").write_text(BARS_MODEL)
+    (shapes / "env_probe.py").write_text(env_probe(environment_dumps))
     (shapes / "augment.py").write_text(AUGMENT)
     _write_images(shapes / "images")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STRATOFLOW_PIPELINES_PATH", str(team))
         yield team
+
+
+@pytest.fixture(scope="module")
+def deployment_secrets() -> Iterator[None]:
+    """The environment `airflow dags test` (and so every task) runs with holds the deployment's
+    secrets, the MLflow service account and a team's variable for its pipeline code."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {**SECRET_VARIABLES, **MLFLOW_ACCOUNT}.items():
+            patch.setenv(name, value)
+        patch.setenv("STRATOFLOW_PIPELINE_ENV_TEAM_SETTING", "team-value")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +151,7 @@ def _runs(mlflow_client, pipeline: str) -> list:
     ids=["one_device", "multi_worker_mirrored"],
 )
 def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
-    own_pipelines, mlflow_client, conf, tf_runtime
+    own_pipelines, mlflow_client, conf, tf_runtime, deployment_secrets, environment_dumps
 ):
     # tf_runtime: the served model runs in this process, whose TensorFlow later tests share
     # (its logical CPUs must be set before the first op).
@@ -133,7 +159,12 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
 
     from stratoflow.data.datasets import load_arrays
 
+    earlier = {probe["file"] for probe in dumps(environment_dumps)}
     assert runner.run_pipeline("shapes", conf) == 0
+    _assert_model_builder_had_no_secrets(
+        [probe for probe in dumps(environment_dumps) if probe["file"] not in earlier],
+        workers=conf.get("workers", 1),
+    )
     run = _runs(mlflow_client, "shapes")[-1]
     assert run.info.status == "FINISHED"
     assert run.data.tags["strategy"] == conf.get("strategy", "one_device")
@@ -166,6 +197,25 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
     ]
     assert (answer["predicted_class_id"].to_numpy() == labels).mean() >= 0.8
     assert set(answer["predicted_class"]) <= set(CLASSES)
+
+
+def _assert_model_builder_had_no_secrets(probes: list[dict], workers: int) -> None:
+    """The model builder ran in the first task's own-code check and in each training process,
+    each with the MLflow service account and the team's variable, none with a secret of the
+    deployment's (README, "Trust model")."""
+    programs = {}
+    for probe in probes:
+        programs.setdefault(Path(probe["argv"][0]).name, set()).add(probe["pid"])
+    assert {name: len(pids) for name, pids in programs.items()} == {
+        "own_code_check.py": 1,
+        "worker.py": workers,
+    }, [probe["argv"] for probe in probes]
+    for probe in probes:
+        environ, program = probe["environ"], Path(probe["argv"][0]).name
+        assert leaked(environ) == [], f"{program} was handed {leaked(environ)}"
+        assert environ["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"], program
+        assert environ["MLFLOW_TRACKING_PASSWORD"] == MLFLOW_ACCOUNT["MLFLOW_TRACKING_PASSWORD"]
+        assert environ["TEAM_SETTING"] == "team-value", program
 
 
 def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_client, tf_runtime):

@@ -3,7 +3,8 @@
 With `"announce": true` in the payload it first prints the launcher's ready marker, after
 `announce_after` seconds if given; with `"exit_code"` it then exits with that status. The
 launcher hands every cluster member the same payload;
-`$ECHO_OVERRIDES` (JSON) changes it for one member.
+`$ECHO_OVERRIDES` (JSON) changes it for one member. With `"environment_to": PATH` it writes the
+environment it was started with to PATH (JSON) first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ payload = {
     **json.loads(Path(sys.argv[1]).read_text()),
     **json.loads(os.environ.get("ECHO_OVERRIDES", "{}")),
 }
+if payload.get("environment_to"):
+    Path(payload["environment_to"]).write_text(json.dumps(dict(os.environ)))
 if payload.get("announce"):  # tell the launcher it is up, as a cluster member does
     time.sleep(float(payload.get("announce_after", 0)))
     sys.stdout.write("STRATOFLOW-READY\n")

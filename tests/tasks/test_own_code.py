@@ -1,10 +1,15 @@
 """A pipeline's own code and data, checked by the run's first task before any training.
 
 Each pipeline here lives in a temporary folder on `STRATOFLOW_PIPELINES_PATH`, as a user's would.
-Every mistake fails `tasks.prepare.prepare` (the body of `prepare_dataset`) with a `SpecError`:
-the DAG's refusal rule turns it into a failure without retry (`dags/refusals.py`), the message
-names the pipeline file and the field, and no MLflow run exists yet, so nothing is registered.
-Then the bundled tabular pipelines train under the single-process strategies, in-process.
+The first task (`tasks.prepare.prepare`, the body of `prepare_dataset`) prepares the dataset and
+checks the pipeline's code in a child process (`stratoflow.training.own_code_check`). Every
+mistake is a `SpecError` naming the pipeline file and the field: the mistakes are tried on the
+child's own work in-process (`prepare_and_check_here`); through the first task, a refusal keeps
+its message, is a `SpecError` (the DAG's refusal rule fails it without retry,
+`dags/refusals.py`) and comes before any MLflow run; a child that dies fails the task with its
+last lines; and the child runs the pipeline's builder and preprocessing without the deployment's
+secrets. Then the bundled tabular pipelines train under the single-process strategies,
+in-process.
 """
 
 from __future__ import annotations
@@ -74,11 +79,25 @@ def refused(pipeline: str) -> str:
     run = AirflowRun(f"retrain_{pipeline}", f"manual__{uuid.uuid4().hex[:12]}")
     with pytest.raises(SpecError) as error:
         prepare.prepare(pipeline, {}, run)
+    assert_no_mlflow_run(pipeline)
+    return str(error.value)
+
+
+def assert_no_mlflow_run(pipeline: str) -> None:
     from stratoflow.tracking import mlflow_runs
 
     client = mlflow_runs.client()
     experiment = client.get_experiment_by_name(names.experiment_name(pipeline))
     assert experiment is None or not client.search_runs([experiment.experiment_id])
+
+
+def refused_here(pipeline: str) -> str:
+    """The refusal of what the first task's child does, run in this process."""
+    from stratoflow.training.own_code_check import prepare_and_check_here
+    from stratoflow.training.validation import resolve_run
+
+    with pytest.raises(SpecError) as error:
+        prepare_and_check_here(resolve_run(pipeline, {}))
     return str(error.value)
 
 
@@ -138,7 +157,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_own_code_mistakes_are_refused_before_training_naming_file_and_field(
+def test_own_code_mistakes_are_refused_naming_file_and_field(
     pipelines_path: Path, tf_runtime, case: str
 ) -> None:
     spec_values, files, message = CASES[case]
@@ -146,9 +165,96 @@ def test_own_code_mistakes_are_refused_before_training_naming_file_and_field(
     if case == "unknown optimizer argument":
         spec = folder / "pipeline.yaml"
         spec.write_text(spec.read_text() + "optimizer: {name: sgd, momentun: 0.9}\n")
+    error = refused_here("mine")
+    assert error.startswith(f"{folder / 'pipeline.yaml'}: "), error
+    assert message in error, error
+
+
+@pytest.mark.integration
+def test_the_first_task_refuses_from_its_child_before_any_mlflow_run(
+    pipelines_path: Path,
+) -> None:
+    spec_values, files, message = CASES["builder raises"]
+    folder = write_pipeline(pipelines_path, "mine", files, **spec_values)
     error = refused("mine")
     assert error.startswith(f"{folder / 'pipeline.yaml'}: "), error
     assert message in error, error
+
+
+@pytest.mark.integration
+def test_a_check_that_dies_fails_the_first_task_with_its_last_lines(pipelines_path: Path) -> None:
+    from stratoflow.distributed.launcher import ChildProcessFailed
+    from tasks import prepare
+
+    dying = GOOD_MODEL + (
+        "\nimport os, signal\n\n"
+        "def build(features, target, width=8):\n"
+        "    print('the builder goes down now', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    write_pipeline(pipelines_path, "mine", {"model.py": dying})
+    run = AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex[:12]}")
+    with pytest.raises(ChildProcessFailed) as failure:
+        prepare.prepare("mine", {}, run)
+    assert not isinstance(failure.value, SpecError)  # not a refusal: Airflow may retry it
+    message = str(failure.value)
+    assert "own-code check (pid " in message, message
+    assert "was killed by SIGKILL" in message, message
+    assert "the builder goes down now" in message, message
+    assert_no_mlflow_run("mine")
+
+
+@pytest.mark.integration
+def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
+    pipelines_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch
+) -> None:
+    """The first task's child runs the pipeline's own TFDS builder and preprocessing (penguins'
+    code, each calling a probe that writes down its process's environment) with the MLflow
+    service account and a team's variable, and none of the task process's secrets."""
+    import os
+
+    from stratoflow.cli import main
+    from tasks import prepare
+    from tests.secret_sentinels import (
+        MLFLOW_ACCOUNT,
+        SECRET_VARIABLES,
+        dumps,
+        env_probe,
+        leaked,
+    )
+
+    probes = tmp_path_factory.mktemp("environment-dumps")
+    assert main.main(["new-pipeline", "mine", "--from", "penguins"]) == 0
+    folder = pipelines_path / "mine"
+    (folder / "env_probe.py").write_text(env_probe(probes))
+    with (folder / "penguins_dataset.py").open("a") as builder:
+        builder.write("\nfrom . import env_probe\n\nenv_probe.dump('dataset builder')\n")
+    (folder / "probed.py").write_text(
+        "from . import env_probe\nfrom .preprocess import standardize as _standardize\n\n\n"
+        "def standardize(features, label):\n"
+        "    env_probe.dump('preprocessing')\n"
+        "    return _standardize(features, label)\n"
+    )
+    spec = folder / "pipeline.yaml"
+    spec.write_text(spec.read_text().replace('"preprocess:standardize"', '"probed:standardize"'))
+    for name, value in {**SECRET_VARIABLES, **MLFLOW_ACCOUNT}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("STRATOFLOW_PIPELINE_ENV_TEAM_SETTING", "team-value")
+
+    run = AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex[:12]}")
+    prepared = prepare.prepare("mine", {}, run)
+
+    assert prepared.dataset.preprocess == "probed:standardize"
+    seen = dumps(probes)
+    assert {probe["where"] for probe in seen} == {"dataset builder", "preprocessing"}
+    for probe in seen:
+        assert probe["pid"] != os.getpid(), f"{probe['where']} ran in the task process"
+        assert probe["argv"][0].endswith("own_code_check.py"), probe["argv"]
+        environ = probe["environ"]
+        assert leaked(environ) == [], f"{probe['where']} was handed {leaked(environ)}"
+        assert environ["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"]
+        assert environ["MLFLOW_TRACKING_PASSWORD"] == MLFLOW_ACCOUNT["MLFLOW_TRACKING_PASSWORD"]
+        assert environ["TEAM_SETTING"] == "team-value"
 
 
 def test_a_gate_metric_the_task_does_not_produce_is_refused_at_parse_time() -> None:

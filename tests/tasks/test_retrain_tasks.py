@@ -271,6 +271,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     assert sorted(m.step for m in history) == [1, 2, 3]  # each epoch exactly once
 
 
+@pytest.mark.integration  # prepare's own-code check runs in a child process
 def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypatch):
     """The cluster a run trains on is chosen once, by prepare, by name: train gets the name through
     XCom and looks its address up in its own deployment's configuration, at the moment it
