@@ -15,6 +15,7 @@ import pytest
 
 from stratoflow.cli import runner
 from stratoflow.config import names, settings
+from tests.images import write_bar_images
 
 pytestmark = pytest.mark.integration
 
@@ -67,25 +68,6 @@ def centre(image, label):
 '''
 
 
-def _write_images(root: Path) -> None:
-    """PNG files `root/<split>/<class>/<n>.png`: a bright bar on noise, across or down."""
-    from PIL import Image
-
-    generator = np.random.default_rng(7)
-    for split, count in PER_SPLIT.items():
-        for label, name in enumerate(CLASSES):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for index in range(count // len(CLASSES)):
-                pixels = generator.integers(0, 60, size=(SIZE, SIZE), dtype=np.uint8)
-                line = generator.integers(2, SIZE - 2)
-                if label == 0:
-                    pixels[line, 1:-1] = 255
-                else:
-                    pixels[1:-1, line] = 255
-                Image.fromarray(pixels, mode="L").save(folder / f"{index}.png")
-
-
 @pytest.fixture(scope="module")
 def own_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A team's folder of pipelines, outside the repository, on STRATOFLOW_PIPELINES_PATH."""
@@ -96,7 +78,7 @@ def own_pipelines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (shapes / "pipeline.yaml").write_text(SHAPES_YAML)
     (shapes / "bars_model.py").write_text(BARS_MODEL)
     (shapes / "augment.py").write_text(AUGMENT)
-    _write_images(shapes / "images")
+    write_bar_images(shapes / "images", PER_SPLIT, CLASSES, SIZE)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STRATOFLOW_PIPELINES_PATH", str(team))
         yield team
