@@ -256,7 +256,7 @@ def load_split(
         role: "train", "validation" or "test" (any role in `ref.splits`).
         read_config: a `tfds.ReadConfig` for reading the files otherwise (interleaved,
             sharded by file, ...: `stratoflow.data.input_pipeline` streams with it); None:
-            one file after the other.
+            one file after the other, with no cache (the caller decides what to cache).
         shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
 
     Returns:
@@ -280,7 +280,12 @@ def load_split(
     if read_config is None:
         options = tf.data.Options()
         options.deterministic = True
-        read_config = tfds.ReadConfig(options=options, interleave_cycle_length=1)
+        # No TFDS autocache: the training input decides what is cached (`input_pipeline`), and a
+        # cache under a reader that takes a few examples is left half-filled (TensorFlow warns
+        # "did not fully read the dataset being cached" and discards it).
+        read_config = tfds.ReadConfig(
+            options=options, interleave_cycle_length=1, try_autocache=False
+        )
     features, target = ref.features, ref.target
     if ref.image_folder is not None:
         builder = _image_folder_builder(Path(ref.image_folder), list(features.shape))
