@@ -107,7 +107,7 @@ def _runs(mlflow_client, pipeline: str) -> list:
     ids=["one_device", "multi_worker_mirrored"],
 )
 def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
-    own_pipelines, mlflow_client, conf, tf_runtime
+    own_pipelines, mlflow_client, conf, tf_runtime, capfd
 ):
     # tf_runtime: the served model runs in this process, whose TensorFlow later tests share
     # (its logical CPUs must be set before the first op).
@@ -116,6 +116,15 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
     from stratoflow.data.datasets import load_arrays
 
     assert runner.run_pipeline("shapes", conf) == 0
+    # The run's output (Airflow's and the tasks' logs) says nothing misleading: the cache
+    # decision names the image folder's split folder it reads (not "0 file(s)"), and no warning
+    # says the model was saved without the signature it is logged with.
+    output = "".join(capfd.readouterr())
+    images = (own_pipelines / "shapes" / "images").resolve()
+    for role in ("train", "validation"):
+        assert f", from the images in {images / role}, budget " in output, output[-3000:]
+    assert "file(s)" not in output
+    assert "without specifying model signature" not in output
     run = _runs(mlflow_client, "shapes")[-1]
     assert run.info.status == "FINISHED"
     assert run.data.tags["strategy"] == conf.get("strategy", "one_device")
