@@ -1,4 +1,5 @@
-"""Reading the PNGs the tests check: size from the header, pixels of a given colour."""
+"""PNG files for the tests: reading those the product writes (size from the header, pixels of
+a given colour) and writing an image folder of bars for the pipelines that read one."""
 
 from __future__ import annotations
 
@@ -25,3 +26,25 @@ def colour_pixels(path: Path, colour: str) -> int:
     image = matplotlib.image.imread(path)[..., :3]
     target = np.array(matplotlib.colors.to_rgb(colour))
     return int((np.abs(image - target).max(axis=-1) < 2 / 255).sum())
+
+
+def write_bar_images(
+    root: Path, per_split: dict[str, int], classes: tuple[str, str], size: int
+) -> None:
+    """PNG files `root/<split>/<class>/<n>.png`: a bright bar on noise, across (the first class)
+    or down (the second); `per_split[split]` images per split, shared evenly by the classes."""
+    from PIL import Image
+
+    generator = np.random.default_rng(7)
+    for split, count in per_split.items():
+        for label, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for index in range(count // len(classes)):
+                pixels = generator.integers(0, 60, size=(size, size), dtype=np.uint8)
+                line = generator.integers(2, size - 2)
+                if label == 0:
+                    pixels[line, 1:-1] = 255
+                else:
+                    pixels[1:-1, line] = 255
+                Image.fromarray(pixels, mode="L").save(folder / f"{index}.png")

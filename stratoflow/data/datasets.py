@@ -64,6 +64,10 @@ HEARTBEAT_SECONDS = 30.0
 FINGERPRINT_CACHE = ".stratoflow-fingerprint.json"
 _FINGERPRINT_SCHEME = "files+sorted-examples/1"
 _HASH_CHUNK = 1 << 20
+# The image files TFDS's `ImageFolder` reads (its `_SUPPORTED_IMAGE_FORMAT`), and their layout.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+_IMAGE_FILES = ".jpg, .jpeg or .png"
+IMAGE_FOLDER_LAYOUT = f"expected <folder>/<split>/<class>/<image> with {_IMAGE_FILES} images"
 
 
 class DatasetUnavailableError(RuntimeError):
@@ -72,7 +76,8 @@ class DatasetUnavailableError(RuntimeError):
 
 class DatasetMismatchError(ValueError):
     """The data does not fit the pipeline's spec (labels vs `task`, features stratoflow cannot
-    feed): the spec and the data decide it, so retrying cannot help."""
+    feed, splits that select nothing, an image folder without the split folders or images it
+    needs): the spec and the data decide it, so retrying cannot help."""
 
 
 @dataclass
@@ -183,9 +188,10 @@ def prepare_dataset(
         The prepared dataset's `DatasetRef`; `built` says whether this call built it.
 
     Raises:
-        ValueError: unknown TFDS name, version or config; a role without a valid split
-            expression.
-        DatasetMismatchError: labels that do not fit `task`, or features stratoflow cannot feed
+        ValueError: unknown TFDS name, version or config; a role missing from `spec.splits`.
+        DatasetMismatchError: a role's split expression that is invalid or selects no examples;
+            an image folder's split folder that is missing or holds no images (named, with the
+            layout expected); labels that do not fit `task`, or features stratoflow cannot feed
             a model (no fixed shape, columns that are not scalar numbers or class labels).
         DatasetUnavailableError: not prepared here and its files cannot be downloaded.
         SpecError: `spec.builder` does not resolve to a TFDS builder named `spec.name`.
@@ -201,6 +207,7 @@ def prepare_dataset(
 
     if spec.image_folder is not None:
         images = _image_folder_path(spec.image_folder, folder)
+        _check_image_folder(images, spec.splits)
         ref = _describe(
             _image_folder_builder(images, spec.image_shape or []), spec, root, False, task, images
         )
@@ -249,7 +256,7 @@ def load_split(
         role: "train", "validation" or "test" (any role in `ref.splits`).
         read_config: a `tfds.ReadConfig` for reading the files otherwise (interleaved,
             sharded by file, ...: `stratoflow.data.input_pipeline` streams with it); None:
-            one file after the other.
+            one file after the other, with no cache (the caller decides what to cache).
         shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
 
     Returns:
@@ -273,7 +280,12 @@ def load_split(
     if read_config is None:
         options = tf.data.Options()
         options.deterministic = True
-        read_config = tfds.ReadConfig(options=options, interleave_cycle_length=1)
+        # No TFDS autocache: the training input decides what is cached (`input_pipeline`), and a
+        # cache under a reader that takes a few examples is left half-filled (TensorFlow warns
+        # "did not fully read the dataset being cached" and discards it).
+        read_config = tfds.ReadConfig(
+            options=options, interleave_cycle_length=1, try_autocache=False
+        )
     features, target = ref.features, ref.target
     if ref.image_folder is not None:
         builder = _image_folder_builder(Path(ref.image_folder), list(features.shape))
@@ -369,10 +381,68 @@ def _image_folder_path(image_folder: str, folder: str | Path | None) -> Path:
         path = Path(folder) / path
     if not path.is_dir():
         raise DatasetMismatchError(
-            f"dataset.image_folder: {os.fspath(path)!r} is not a folder (expected "
-            "<folder>/<split>/<class name>/<image files>)"
+            f"dataset.image_folder: {os.fspath(path)!r} is not a folder ({IMAGE_FOLDER_LAYOUT})"
         )
     return path.resolve()
+
+
+def _check_image_folder(images: Path, splits: Mapping[str, str]) -> None:
+    """Refuse split folders TFDS's `ImageFolder` would read no images from, naming the folder.
+
+    `ImageFolder` knows a split only by a folder holding class folders, and counts only the
+    images (`IMAGE_SUFFIXES`) in those: a missing or empty split folder would otherwise surface
+    as a split expression that selects nothing, naming neither the folder nor the layout.
+    A class folder without images is only named in a warning (the class has no examples there).
+    """
+    split_folders = sorted(entry.name for entry in images.iterdir() if entry.is_dir())
+    for role, split in splits.items():
+        if split not in split_folders and re.search(r"[\[\]+]", split):
+            raise DatasetMismatchError(
+                f"dataset.splits.{role}: {split!r} is not a split folder of "
+                f"dataset.image_folder {images}: an image folder's splits are read whole; name "
+                f"one of its split folders: {', '.join(split_folders) or 'none'} "
+                f"({IMAGE_FOLDER_LAYOUT})"
+            )
+        where = f"dataset.image_folder: split folder {images / split} (role {role})"
+        if split not in split_folders:
+            raise DatasetMismatchError(
+                f"{where} does not exist; the split folders of {images} are: "
+                f"{', '.join(split_folders) or 'none'} ({IMAGE_FOLDER_LAYOUT})"
+            )
+        classes = sorted(entry for entry in (images / split).iterdir() if entry.is_dir())
+        if not classes:
+            loose = len(_images_in(images / split))
+            raise DatasetMismatchError(
+                f"{where} holds {loose} images but no class folders: put each image in a folder "
+                f"named after its class ({IMAGE_FOLDER_LAYOUT})"
+                if loose
+                else f"{where} holds no class folders and no images ({IMAGE_FOLDER_LAYOUT})"
+            )
+        empty = [folder for folder in classes if not _images_in(folder)]
+        if len(empty) == len(classes):
+            raise DatasetMismatchError(
+                f"{where} holds no images: its class folders "
+                f"{', '.join(folder.name for folder in classes)} hold no {_IMAGE_FILES} file "
+                f"({IMAGE_FOLDER_LAYOUT})"
+            )
+        for folder in empty:
+            logger.warning(
+                "dataset.image_folder: class folder %s holds no %s images: class %r has no %s "
+                "examples",
+                folder,
+                _IMAGE_FILES,
+                folder.name,
+                role,
+            )
+
+
+def _images_in(folder: Path) -> list[Path]:
+    # What `ImageFolder` reads from a folder: files with an image suffix, in any letter case.
+    return [
+        entry
+        for entry in folder.iterdir()
+        if entry.suffix.lower() in IMAGE_SUFFIXES and not entry.is_dir()
+    ]
 
 
 def _image_folder_builder(images: Path, shape: list[int]) -> Any:
@@ -623,13 +693,13 @@ def _describe(
         try:
             size = int(info.splits[expression].num_examples)
         except Exception as error:  # TFDS raises KeyError/ValueError/AssertionError by case
-            raise ValueError(
+            raise DatasetMismatchError(
                 f"dataset.splits.{role}: {expression!r} is not a valid split expression for "
                 f"{label} ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
                 f"available splits: {available_text}"
             ) from None
         if size == 0:
-            raise ValueError(
+            raise DatasetMismatchError(
                 f"dataset.splits.{role}: {expression!r} selects no examples of {label}; "
                 f"available splits: {available_text}"
             )

@@ -53,9 +53,10 @@ class SplitPlan:
         role: "train", "validation", ...
         examples: examples in the split.
         example_bytes: decoded bytes of the split's first example (every tensor of it).
-        files: the prepared files the split reads.
+        files: the prepared files the split reads (none for an image folder).
         budget_bytes: the memory this split was allowed.
         cached: True when `estimated_bytes <= budget_bytes`.
+        image_folder: for an image folder, the split folder whose class folders it reads.
     """
 
     role: str
@@ -64,18 +65,26 @@ class SplitPlan:
     files: int
     budget_bytes: int
     cached: bool
+    image_folder: str | None = None
 
     @property
     def estimated_bytes(self) -> int:
         """The decoded size of the whole split: examples x bytes of the first example."""
         return self.examples * self.example_bytes
 
+    @property
+    def source(self) -> str:
+        """What the split is read from: its prepared files, or an image folder's split folder."""
+        if self.image_folder is not None:
+            return f"the images in {self.image_folder}"
+        return f"{self.files} file{'' if self.files == 1 else 's'}"
+
     def describe(self) -> str:
         """One log line: the estimate against the budget and the decision."""
         verdict = "cached in memory" if self.cached else "streamed from its files"
         return (
             f"{self.role} split: {self.examples:,} examples x {self.example_bytes:,} B = "
-            f"{self.estimated_bytes / MIB:,.1f} MiB decoded, {self.files} file(s), budget "
+            f"{self.estimated_bytes / MIB:,.1f} MiB decoded, from {self.source}, budget "
             f"{self.budget_bytes / MIB:,.1f} MiB: {verdict}"
         )
 
@@ -98,6 +107,9 @@ def plan_split(ref: DatasetRef | Mapping[str, Any], role: str, budget_bytes: int
         files=len(split_files(ref, role)),
         budget_bytes=budget_bytes,
         cached=examples * size <= budget_bytes,
+        image_folder=None
+        if ref.image_folder is None
+        else str(Path(ref.image_folder) / ref.splits[role]),
     )
 
 
@@ -238,7 +250,7 @@ class TrainingInput:
                 pipelines,
                 f"its own files of the {self.plan.files} (sharded by FILE)"
                 if by_file
-                else f"every {pipelines}th example of the {self.plan.files} file(s) (by DATA)"
+                else f"one example in {pipelines} of {self.plan.source} (sharded by DATA)"
                 if pipelines > 1
                 else "the whole split",
             )

@@ -9,11 +9,13 @@ has its version deleted puts `champion` back on the previous champion instead of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +27,9 @@ from stratoflow.tracking import mlflow_runs, serving_loader
 SERVING_MODULE = "stratoflow_serving"
 
 logger = logging.getLogger(__name__)
+# MLflow's keras save warns of a missing signature (`mlflow/keras/save.py`); ours is set after.
+_KERAS_SAVE_LOGGER = "mlflow.keras.save"
+_NO_SIGNATURE_WARNING = "You are saving a Keras model without specifying model signature"
 
 
 @dataclass
@@ -130,9 +135,11 @@ def _keras_flavor(config: dict[str, Any]) -> Any:
     def save_model(path: str, **kwargs: Any) -> None:
         os.makedirs(path, exist_ok=True)
         # The keras flavor accepts only tensor signatures; a tabular model's is a table of
-        # columns (what its served `predict` takes), so it is set after the keras save.
+        # columns (what its served `predict` takes), so it is set after the keras save, and the
+        # keras save's warning that the model has no signature is untrue: dropped.
         signature = kwargs.pop("signature", None)
-        mlflow.keras.save_model(path=path, **kwargs)
+        with _dropped(_KERAS_SAVE_LOGGER, _NO_SIGNATURE_WARNING):
+            mlflow.keras.save_model(path=path, **kwargs)
         mlflow_model = kwargs["mlflow_model"]
         mlflow_model.signature = signature
         pyfunc = mlflow_model.flavors["python_function"]
@@ -149,6 +156,27 @@ def _keras_flavor(config: dict[str, Any]) -> Any:
         mlflow_model.save(os.path.join(path, MLMODEL_FILE_NAME))
 
     return types.SimpleNamespace(__name__="mlflow.keras", save_model=save_model)
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.start)
+
+
+@contextlib.contextmanager
+def _dropped(logger_name: str, start: str) -> Iterator[None]:
+    """Drop the records of logger `logger_name` that start with `start`, inside the block."""
+    dropping = _DropMessage(start)
+    target = logging.getLogger(logger_name)
+    target.addFilter(dropping)
+    try:
+        yield
+    finally:
+        target.removeFilter(dropping)
 
 
 def register(

@@ -19,6 +19,7 @@ import pytest
 
 from stratoflow.cli import runner
 from stratoflow.config import names, settings
+from tests.images import write_bar_images
 from tests.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, dumps, env_probe, leaked
 
 pytestmark = pytest.mark.integration
@@ -75,25 +76,6 @@ def centre(image, label):
 '''
 
 
-def _write_images(root: Path) -> None:
-    """PNG files `root/<split>/<class>/<n>.png`: a bright bar on noise, across or down."""
-    from PIL import Image
-
-    generator = np.random.default_rng(7)
-    for split, count in PER_SPLIT.items():
-        for label, name in enumerate(CLASSES):
-            folder = root / split / name
-            folder.mkdir(parents=True)
-            for index in range(count // len(CLASSES)):
-                pixels = generator.integers(0, 60, size=(SIZE, SIZE), dtype=np.uint8)
-                line = generator.integers(2, SIZE - 2)
-                if label == 0:
-                    pixels[line, 1:-1] = 255
-                else:
-                    pixels[1:-1, line] = 255
-                Image.fromarray(pixels, mode="L").save(folder / f"{index}.png")
-
-
 @pytest.fixture(scope="module")
 def environment_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the shapes pipeline's model builder writes down each process's environment."""
@@ -111,7 +93,7 @@ def own_pipelines(tmp_path_factory: pytest.TempPathFactory, environment_dumps: P
     (shapes / "bars_model.py").write_text(BARS_MODEL)
     (shapes / "env_probe.py").write_text(env_probe(environment_dumps))
     (shapes / "augment.py").write_text(AUGMENT)
-    _write_images(shapes / "images")
+    write_bar_images(shapes / "images", PER_SPLIT, CLASSES, SIZE)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("STRATOFLOW_PIPELINES_PATH", str(team))
         yield team
@@ -151,7 +133,7 @@ def _runs(mlflow_client, pipeline: str) -> list:
     ids=["one_device", "multi_worker_mirrored"],
 )
 def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
-    own_pipelines, mlflow_client, conf, tf_runtime, deployment_secrets, environment_dumps
+    own_pipelines, mlflow_client, conf, tf_runtime, deployment_secrets, environment_dumps, capfd
 ):
     # tf_runtime: the served model runs in this process, whose TensorFlow later tests share
     # (its logical CPUs must be set before the first op).
@@ -165,6 +147,15 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
         [probe for probe in dumps(environment_dumps) if probe["file"] not in earlier],
         workers=conf.get("workers", 1),
     )
+    # The run's output (Airflow's and the tasks' logs) says nothing misleading: the cache
+    # decision names the image folder's split folder it reads (not "0 file(s)"), and no warning
+    # says the model was saved without the signature it is logged with.
+    output = "".join(capfd.readouterr())
+    images = (own_pipelines / "shapes" / "images").resolve()
+    for role in ("train", "validation"):
+        assert f", from the images in {images / role}, budget " in output, output[-3000:]
+    assert "file(s)" not in output
+    assert "without specifying model signature" not in output
     run = _runs(mlflow_client, "shapes")[-1]
     assert run.info.status == "FINISHED"
     assert run.data.tags["strategy"] == conf.get("strategy", "one_device")

@@ -7,6 +7,7 @@ exercised by two real processes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -177,16 +178,20 @@ def test_generic_split_expressions_are_resolved(digits_ref):
 
 
 def test_bad_split_expression_names_the_role_and_the_available_splits(digits_ref):
-    from stratoflow.data.datasets import prepare_dataset
+    # A mismatch of spec and data: the first task refuses it without retrying (tasks/prepare.py).
+    from stratoflow.data.datasets import DatasetMismatchError, prepare_dataset
 
     spec = DatasetSpec(
         name="stratoflow_digits",
         version="1.0.0",
         splits={"train": "train", "validation": "valid", "test": "test"},
     )
-    with pytest.raises(ValueError, match=r"splits\.validation: 'valid'") as caught:
+    with pytest.raises(DatasetMismatchError, match=r"splits\.validation: 'valid'") as caught:
         prepare_dataset(spec)
     assert "available splits: train (1439), validation (179), test (179)" in str(caught.value)
+    spec = dataclasses.replace(spec, splits={**spec.splits, "validation": "train[100%:]"})
+    with pytest.raises(DatasetMismatchError, match=r"splits\.validation: 'train\[100%:\]' selects"):
+        prepare_dataset(spec)
 
 
 def test_unknown_tfds_name_is_a_value_error_naming_it(tf_runtime, tmp_path):

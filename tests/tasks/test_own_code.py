@@ -15,6 +15,7 @@ in-process.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import textwrap
 import uuid
 from pathlib import Path
@@ -26,6 +27,7 @@ from stratoflow.config import names
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import load_spec, parse_spec
 from tasks.run_context import AirflowRun
+from tests.images import write_bar_images
 
 DIGITS_SPEC = """\
 description: a user's pipeline on the digits
@@ -255,6 +257,107 @@ def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
         assert environ["MLFLOW_TRACKING_URI"] == os.environ["MLFLOW_TRACKING_URI"]
         assert environ["MLFLOW_TRACKING_PASSWORD"] == MLFLOW_ACCOUNT["MLFLOW_TRACKING_PASSWORD"]
         assert environ["TEAM_SETTING"] == "team-value"
+
+
+IMAGES_SPEC = """\
+description: a user's pipeline on a folder of PNG images
+task: classification
+dataset: {{name: bars, image_folder: images, image_shape: [12, 12, 1]{splits}}}
+model: {{builder: "model:build"}}
+training: {{epochs: 1, batch_size: 4}}
+evaluation: {{metric: test_accuracy, min: 0.5}}
+registered_model: user-bars
+"""
+LAYOUT = "expected <folder>/<split>/<class>/<image> with .jpg, .jpeg or .png images"
+
+
+def _empty_split(images: Path) -> None:
+    shutil.rmtree(images / "test")
+    (images / "test").mkdir()
+
+
+def _empty_class_folders(images: Path) -> None:
+    for image in (images / "test").glob("*/*.png"):
+        image.rename(image.with_suffix(".bmp"))  # a format TFDS's ImageFolder does not read
+
+
+def _no_class_folders(images: Path) -> None:
+    for image in (images / "test").glob("*/*.png"):
+        image.rename(images / "test" / f"{image.parent.name}-{image.name}")
+    for folder in (images / "test").iterdir():
+        if folder.is_dir():
+            folder.rmdir()
+
+
+IMAGE_FOLDER_CASES = {
+    "empty split folder": (_empty_split, "", "holds no class folders and no images"),
+    "missing split folder": (
+        lambda images: shutil.rmtree(images / "test"),
+        "",
+        "does not exist; the split folders of {images} are: train, validation",
+    ),
+    "class folders without images": (
+        _empty_class_folders,
+        "",
+        "holds no images: its class folders horizontal, vertical hold no .jpg, .jpeg or .png file",
+    ),
+    "images outside class folders": (
+        _no_class_folders,
+        "",
+        "holds 4 images but no class folders: put each image in a folder named after its class",
+    ),
+    "split expression": (
+        lambda images: None,
+        ", splits: {train: train, validation: validation, test: 'test[:50%]'}",
+        "dataset.splits.test: 'test[:50%]' is not a split folder of dataset.image_folder "
+        "{images}: an image folder's splits are read whole; name one of its split folders: "
+        "test, train, validation",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(IMAGE_FOLDER_CASES), ids=list(IMAGE_FOLDER_CASES))
+def test_an_image_folder_without_test_images_is_refused_naming_the_split_folder(
+    pipelines_path: Path, tf_runtime, case: str
+) -> None:
+    breaks, splits, reason = IMAGE_FOLDER_CASES[case]
+    folder = write_pipeline(pipelines_path, "bars")
+    (folder / "pipeline.yaml").write_text(IMAGES_SPEC.format(splits=splits))
+    images = (folder / "images").resolve()
+    write_bar_images(
+        images, {"train": 8, "validation": 4, "test": 4}, ("horizontal", "vertical"), 12
+    )
+    breaks(images)
+    error = refused_here("bars")  # a SpecError: the first task's refusal, without a retry
+    assert error.startswith(f"{folder / 'pipeline.yaml'}: "), error
+    assert reason.format(images=images) in error, error
+    if case != "split expression":
+        assert f"dataset.image_folder: split folder {images / 'test'} (role test) " in error, error
+    assert LAYOUT in error, error
+
+
+def test_a_class_folder_without_images_is_named_in_a_warning(
+    pipelines_path: Path, tf_runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.training.validation import resolve_run
+
+    folder = write_pipeline(pipelines_path, "bars")
+    (folder / "pipeline.yaml").write_text(IMAGES_SPEC.format(splits=""))
+    images = (folder / "images").resolve()
+    write_bar_images(
+        images, {"train": 8, "validation": 4, "test": 4}, ("horizontal", "vertical"), 12
+    )
+    for image in (images / "train" / "vertical").iterdir():
+        image.unlink()
+    spec = resolve_run("bars", {})
+    with caplog.at_level("WARNING", logger="stratoflow.data.datasets"):
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    assert reference.split_sizes == {"train": 4, "validation": 4, "test": 4}
+    assert (
+        f"dataset.image_folder: class folder {images / 'train' / 'vertical'} holds no .jpg, "
+        ".jpeg or .png images: class 'vertical' has no train examples"
+    ) in caplog.text
 
 
 def test_a_gate_metric_the_task_does_not_produce_is_refused_at_parse_time() -> None:

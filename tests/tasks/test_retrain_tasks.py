@@ -60,7 +60,8 @@ SAMPLING_SECONDS = 0.25
 
 @pytest.fixture(scope="module")
 def digits_run(tf_runtime):
-    """The four tasks of a 6-epoch digits run, with the training child's output as it arrived."""
+    """The four tasks of a 6-epoch digits run, with the training child's output as it arrived
+    (TensorFlow's warnings included) and what MLflow logged while the model was registered."""
     from stratoflow.tracking import system_metrics
     from tasks import evaluate, prepare, register, train
 
@@ -70,6 +71,7 @@ def digits_run(tf_runtime):
     launcher_log.setLevel(logging.INFO)
     patch = pytest.MonkeyPatch()
     patch.setenv(system_metrics.INTERVAL_ENV, str(SAMPLING_SECONDS))
+    patch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the child shows TensorFlow's warnings (W lines)
     try:
         run = new_run("digits")
         params = {"epochs": 6}
@@ -80,15 +82,20 @@ def digits_run(tf_runtime):
         launcher_log.removeHandler(lines)
         launcher_log.setLevel(level)
     evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
-    registered = through_xcom(register.log_and_register(run, prepared, trained, evaluated))
-    return run, prepared, trained, evaluated, registered, lines.records
+    mlflow_log, mlflow_lines = logging.getLogger("mlflow"), _Lines()
+    mlflow_log.addHandler(mlflow_lines)
+    try:
+        registered = through_xcom(register.log_and_register(run, prepared, trained, evaluated))
+    finally:
+        mlflow_log.removeHandler(mlflow_lines)
+    return run, prepared, trained, evaluated, registered, lines.records, mlflow_lines.records
 
 
 @pytest.mark.integration
 def test_digits_pipeline_end_to_end(digits_run):
     from stratoflow.tracking import mlflow_runs
 
-    run, prepared, trained, evaluated, registered, _ = digits_run
+    run, prepared, trained, evaluated, registered, *_ = digits_run
     assert trained.mlflow_run_id == prepared.mlflow_run_id
     mlflow_client = mlflow_runs.client()
     mlflow_run = mlflow_client.get_run(trained.mlflow_run_id)
@@ -208,7 +215,7 @@ def test_system_metrics_are_sampled_into_the_run_while_it_trains(digits_run):
 def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_run):
     from stratoflow.tracking import mlflow_runs
 
-    trained, records = digits_run[2], digits_run[-1]
+    trained, records = digits_run[2], digits_run[5]
     progress = [
         (arrived, line)
         for arrived, line in records
@@ -226,6 +233,19 @@ def test_each_epoch_writes_one_progress_line_to_the_task_log_as_it_ends(digits_r
     history = mlflow_runs.client().get_metric_history(trained.mlflow_run_id, "loss")
     last_epoch_logged = max(metric.timestamp for metric in history) / 1000
     assert progress[0][0] < last_epoch_logged
+
+
+@pytest.mark.integration
+def test_a_successful_run_says_nothing_misleading(digits_run):
+    """No warning about what is fine: a cache left half-read by the size estimate, a model
+    "without signature" (its signature is logged); the cache decision names the file it reads."""
+    training = [line for _, line in digits_run[5]]
+    registering = [line for _, line in digits_run[6]]
+    assert not [line for line in training if "did not fully read the dataset being cached" in line]
+    assert not [line for line in registering if "without specifying model signature" in line]
+    decisions = [line for line in training if "stratoflow.data.input_pipeline: " in line]
+    assert len(decisions) == 2, decisions
+    assert all(", from 1 file, budget " in line for line in decisions), decisions
 
 
 @pytest.mark.integration
