@@ -38,6 +38,7 @@ from stratoflow.services.airflow_setup import (
     airflow_home,
     ensure_airflow_db,
 )
+from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_state_folder
 from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,8 @@ def _run_locally(
     if pipeline not in list_pipelines():
         raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
     check(pipeline, conf)
+    # Run data (models, checkpoints, artifacts, the tracking and metadata DBs): owner only.
+    private_state_folder(settings.state_dir())
     home = airflow_home()
     env = airflow_env(home)
     try:
@@ -230,6 +233,7 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         env=dict(env),
         stdin=subprocess.DEVNULL,
         process_group=0,
+        umask=OWNER_ONLY_UMASK,  # what the run writes is its owner's only
         preexec_fn=die_with_parent(signal.SIGKILL),
     )
     try:

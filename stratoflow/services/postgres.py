@@ -99,6 +99,7 @@ def initdb(cluster_dir: Path, superuser_password: str) -> None:
             cannot reach `cluster_dir`.
     """
     cluster_dir.mkdir(parents=True, exist_ok=True)
+    cluster_dir.chmod(0o700)  # its owner (the postgres OS user, when root) only
     password_file = cluster_dir / "superuser-password"
     password_file.write_text(superuser_password + "\n")
     password_file.chmod(0o600)
