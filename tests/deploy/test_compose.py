@@ -128,6 +128,13 @@ def pyproject() -> dict[str, Any]:
     return tomllib.loads(PYPROJECT.read_text())
 
 
+def owner_only(name: str, argv: list[str]) -> list[str]:
+    """The program a container runs through deploy/owner-only.sh (umask 077), without it."""
+    wrapper = ["/bin/bash", f"{IMAGE_SOURCE}/{OWNER_ONLY_SCRIPT.relative_to(ROOT)}"]
+    assert argv[:2] == wrapper, f"{name}: {argv} does not run through {wrapper[1]}"
+    return argv[2:]
+
+
 def env_of(service: dict[str, Any]) -> dict[str, str]:
     environment = service.get("environment") or {}
     if isinstance(environment, list):
@@ -392,7 +399,7 @@ def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> N
     served = set()
     for name, (job, index) in TF_SERVERS.items():
         service = services[name]
-        argv = [*service["entrypoint"], *service["command"]]
+        argv = owner_only(name, [*service["entrypoint"], *service["command"]])
         assert argv[:2] == ["stratoflow", "serve"], f"{name}: runs {argv}, not `stratoflow serve`"
         args = _parser().parse_args(argv[1:])
         assert (args.job, args.index) == (job, index), (
@@ -455,7 +462,7 @@ def test_the_ray_cluster_authenticates_and_the_airflow_tasks_reach_its_head(
         env = env_of(services[name])
         assert env["RAY_AUTH_MODE"] == "token", f"{name}: Ray's token authentication is off"
         tokens.add(env["RAY_AUTH_TOKEN"])
-        command = services[name]["entrypoint"]
+        command = owner_only(name, services[name]["entrypoint"])
         assert command[:2] == ["ray", "start"] and "--block" in command, name
         if name == RAY_HEAD:
             assert "--include-dashboard=false" in command and "--num-cpus=0" in command
@@ -535,10 +542,12 @@ def test_the_login_limit_plugin_is_in_the_plugins_folder() -> None:
     assert [m["middleware"] for m in plugin.fastapi_root_middlewares] == [LoginRateLimit]
 
 
-def test_the_airflow_and_mlflow_containers_write_files_their_owner_only(
+def test_the_stratoflow_containers_write_files_their_owner_only(
     services: dict[str, Any],
 ) -> None:
-    """Their programs run with umask 077 (the Airflow image's entrypoint sets 0002 first)."""
+    """Their programs run with umask 077 (the Airflow image's entrypoint sets 0002 first): the
+    TensorFlow servers and Ray nodes through deploy/owner-only.sh too (`owner_only`, checked
+    where their commands are)."""
     wrapper = f"{IMAGE_SOURCE}/{OWNER_ONLY_SCRIPT.relative_to(ROOT)}"
     for name, subcommand in (
         (API_SERVER, "api-server"),
