@@ -3,7 +3,8 @@
 `airflow dags test` runs the DAG's tasks one after the other in a single process (TensorFlow is
 imported once), with the same Params validation, retries and callbacks as under a scheduler. The
 runner gives Airflow its own home inside the state folder (SQLite metadata DB, this repo's `dags/`,
-no example DAGs), so a run touches nothing outside the project's `.stratoflow/`.
+no example DAGs), so a run touches nothing outside the project's `.stratoflow/`, and what it
+writes there is its owner's only (`stratoflow.services.file_modes`).
 
 The tests start their Airflow subprocesses with `airflow_env` too, so both use the same setup.
 """

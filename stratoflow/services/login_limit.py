@@ -172,13 +172,13 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 def _username(body: bytes) -> str:
-    """The username a sign-in names ("" if none: such bodies share one count)."""
+    """The username a sign-in names, case-folded ("" if none: such bodies share one count)."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     username = data.get("username") if isinstance(data, dict) else None
-    return username[:256] if isinstance(username, str) else ""
+    return username[:256].casefold() if isinstance(username, str) else ""
 
 
 async def _respond(
