@@ -8,6 +8,9 @@ set -euo pipefail
 : "${AIRFLOW_ADMIN_USERNAME:?AIRFLOW_ADMIN_USERNAME is not set (see .env.example)}"
 : "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set (see .env.example)}"
 
+# What it writes is its owner's only.
+umask 0077
+
 airflow db migrate
 
 STRATOFLOW_AIRFLOW_USER_PASSWORD="$AIRFLOW_ADMIN_PASSWORD" \

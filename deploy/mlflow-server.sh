@@ -7,5 +7,7 @@ set -euo pipefail
 : "${MLFLOW_AUTH_CONFIG_PATH:?the basic-auth config path is not configured}"
 : "${MLFLOW_AUTH_DATABASE_URI:?the basic-auth user store is not configured}"
 : "${MLFLOW_AUTH_ADMIN_PASSWORD:?MLFLOW_ADMIN_PASSWORD is not set (see .env.example)}"
+# What it writes (the artifact store of `--serve-artifacts`) is its owner's only.
+umask 0077
 python -m stratoflow.services.mlflow_auth write-config "$MLFLOW_AUTH_CONFIG_PATH"
 exec mlflow server "$@"

@@ -3,7 +3,8 @@
 `airflow dags test` runs the DAG's tasks one after the other in a single process (TensorFlow is
 imported once), with the same Params validation, retries and callbacks as under a scheduler. The
 runner gives Airflow its own home inside the state folder (SQLite metadata DB, this repo's `dags/`,
-no example DAGs), so a run touches nothing outside the project's `.stratoflow/`.
+no example DAGs), so a run touches nothing outside the project's `.stratoflow/`, and what it
+writes there is its owner's only (`stratoflow.services.file_modes`).
 
 The tests start their Airflow subprocesses with `airflow_env` too, so both use the same setup.
 """
@@ -39,6 +40,7 @@ from stratoflow.services.airflow_setup import (
     airflow_home,
     ensure_airflow_db,
 )
+from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_state_folder
 from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
@@ -196,6 +198,8 @@ def _run_locally(
     if pipeline not in list_pipelines():
         raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
     check(pipeline, conf)
+    # Run data (models, checkpoints, artifacts, the tracking and metadata DBs): owner only.
+    private_state_folder(settings.state_dir())
     home = airflow_home()
     env = airflow_env(home)
     try:
@@ -239,6 +243,7 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         process_group=0,
+        umask=OWNER_ONLY_UMASK,  # what the run writes is its owner's only
         preexec_fn=die_with_parent(signal.SIGKILL),
     )
     reader = TaskFailureReader()

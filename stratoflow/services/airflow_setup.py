@@ -16,6 +16,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from stratoflow.config import settings
+from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder
+from stratoflow.services.processes import write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ def ensure_airflow_db(
     """Create or upgrade the metadata DB of Airflow home `home` unless it is current.
 
     A stamp file in `home` records the Airflow version the DB was migrated with; `airflow db
-    migrate` (tens of seconds) runs only when the DB is missing or Airflow changed.
+    migrate` (tens of seconds) runs only when the DB is missing or Airflow changed. `home` and
+    what the migration writes (a SQLite DB, `airflow.cfg`) are their owner's only.
 
     Args:
         home: the Airflow home.
@@ -95,7 +98,7 @@ def ensure_airflow_db(
     present = (home / "airflow.db").is_file() if sqlite else True
     if present and stamp.is_file() and stamp.read_text() == wanted:
         return False
-    home.mkdir(parents=True, exist_ok=True)
+    private_folder(home)
     log.info("Initialising the Airflow metadata DB of %s (airflow db migrate)", home)
     try:
         result = subprocess.run(
@@ -105,6 +108,7 @@ def ensure_airflow_db(
             text=True,
             check=False,
             timeout=timeout,
+            umask=OWNER_ONLY_UMASK,
         )
     except subprocess.TimeoutExpired as expired:
         output = (expired.stdout or b"") + (expired.stderr or b"")
@@ -117,7 +121,7 @@ def ensure_airflow_db(
             f"airflow db migrate failed (exit code {result.returncode}):\n"
             f"{_tail(result.stdout + result.stderr)}"
         )
-    stamp.write_text(wanted)
+    write_private_text(stamp, wanted)
     return True
 
 

@@ -44,6 +44,24 @@ MLFLOW_ADMIN_USER = "admin"
 MLFLOW_SERVICE_USER = "stratoflow-airflow"
 # Small on purpose: every task process imports TensorFlow (about half a GB) on a small host.
 PARALLELISM = 2
+# The Airflow plugins the api-server loads: stratoflow's limit on password guessing at
+# `POST /auth/token` (stratoflow.services.login_limit). docker-compose.yml names the same folder.
+AIRFLOW_PLUGINS_FOLDER = settings.PROJECT_ROOT / "deploy" / "airflow-plugins"
+# What FAB's auth manager is told (the compose deployment sets the same): users are read from the
+# metadata DB on every request (its user cache, `[fab] cache_ttl`, kept a deleted or deactivated
+# user's token working for 30 s), and its UI login form takes 5 posts per 40 s from one address
+# (FAB's default, stated here so that it stays on).
+FAB_SETTINGS = {
+    "AIRFLOW__FAB__CACHE_TTL": "0",
+    "AIRFLOW__FAB__AUTH_RATE_LIMITED": "True",
+    "AIRFLOW__FAB__AUTH_RATE_LIMIT": "5 per 40 second",
+}
+# Task logs: Airflow creates their folders and files with these modes (its defaults, 0o775 and
+# 0o664, are for impersonation); stratoflow.services.file_modes says why owner only.
+TASK_LOG_MODES = {
+    "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FOLDER_PERMISSIONS": "0o700",
+    "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FILE_PERMISSIONS": "0o600",
+}
 # database -> owning role; `mlflow_auth` is the user store of MLflow's basic-auth app.
 DATABASES = {"airflow": "airflow", "mlflow": "mlflow", "mlflow_auth": "mlflow"}
 
@@ -123,11 +141,19 @@ class StackConfig:
         return f"{HOST}:{self.ports[RAY_HEAD]}" if RAY_HEAD in self.ports else ""
 
     @property
-    def ray_temp_dir(self) -> Path:
-        """Ray's session folder: short (Ray's socket paths must fit 107 bytes), one per stack,
-        and not Ray's default `/tmp/ray`, whose `ray_current_cluster` outlives `ray stop`."""
+    def ray_private_dir(self) -> Path:
+        """The folder (0700) that holds Ray's: Ray makes its own session folders 0777.
+
+        Short (Ray's socket paths must fit 107 bytes), one per stack, and not Ray's default
+        `/tmp/ray`, whose `ray_current_cluster` outlives `ray stop`.
+        """
         digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:10]
         return Path(tempfile.gettempdir()) / f"stratoflow-ray-{digest}"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """Ray's temp folder (`ray start --temp-dir`), where its session folders go."""
+        return self.ray_private_dir / "ray"
 
     @property
     def admin_password(self) -> str:
@@ -215,6 +241,9 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__API__SECRET_KEY": config.secrets["api_secret_key"],
         "AIRFLOW__API__EXPOSE_CONFIG": "False",
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(AIRFLOW_PLUGINS_FOLDER),
+        **FAB_SETTINGS,
+        **TASK_LOG_MODES,
         # The tasks' stores: the stack's MLflow server, datasets and run folders.
         settings.STATE_DIR_ENV: str(config.state_dir),
         settings.TRACKING_URI_ENV: config.mlflow_uri,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.services.errors import ServiceError
-from stratoflow.services.processes import last_lines
+from stratoflow.services.processes import last_lines, write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -100,13 +100,13 @@ def initdb(cluster_dir: Path, superuser_password: str) -> None:
     """
     cluster_dir.mkdir(parents=True, exist_ok=True)
     password_file = cluster_dir / "superuser-password"
-    password_file.write_text(superuser_password + "\n")
-    password_file.chmod(0o600)
+    write_private_text(password_file, superuser_password + "\n")
     user = as_server_user()
     if user:
         _check_reachable_by_os_user(cluster_dir)
         for path in (cluster_dir, password_file):
             shutil.chown(path, OS_USER, OS_USER)
+    cluster_dir.chmod(0o700)  # its owner's only: the postgres OS user's, when root
     try:
         result = subprocess.run(
             [

@@ -50,6 +50,11 @@ from stratoflow.services.config import (
     new_secrets,
 )
 from stratoflow.services.errors import ServiceError
+from stratoflow.services.file_modes import (
+    OWNER_ONLY_UMASK,
+    private_folder,
+    private_state_folder,
+)
 from stratoflow.services.processes import (
     ManagedProcess,
     http_problem,
@@ -188,15 +193,20 @@ class Stack:
             if component in self.processes:
                 self.stop_component(component)
         if self.config is not None:
-            shutil.rmtree(self.config.ray_temp_dir, ignore_errors=True)
+            shutil.rmtree(self.config.ray_private_dir, ignore_errors=True)
         self._save_state()
 
     def start_component(self, component: str) -> None:
-        """Start one component (again); its output is appended to `logs/<component>.log`."""
+        """Start one component (again); its output is appended to `logs/<component>.log`.
+
+        It runs with umask 077: what it writes is its owner's only (`file_modes`).
+        """
         config = self._require_config()
-        config.logs_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(config.logs_dir)
         env = {**os.environ, **environment(component, config)}
-        with open(config.logs_dir / f"{component}.log", "ab") as log_file:
+        log_path = config.logs_dir / f"{component}.log"
+        descriptor = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(descriptor, "ab") as log_file:
             popen = subprocess.Popen(
                 command(component, config),
                 stdin=subprocess.DEVNULL,
@@ -206,6 +216,7 @@ class Stack:
                 cwd=str(config.postgres_dir if component == POSTGRES else config.state_dir),
                 # Its own process group, so stopping it stops its children too.
                 start_new_session=True,
+                umask=OWNER_ONLY_UMASK,
                 preexec_fn=die_with_parent(signal.SIGTERM) if self.attached else None,
                 **(postgres.as_server_user() if component == POSTGRES else {}),
             )
@@ -382,6 +393,7 @@ class Stack:
             text=True,
             check=False,
             timeout=max(deadline - time.monotonic(), 1),
+            umask=OWNER_ONLY_UMASK,
         )
         if result.returncode:
             raise ServiceError(
@@ -415,10 +427,9 @@ class Stack:
     # ----- state -----------------------------------------------------------------------------
 
     def _prepare_config(self, ray: bool = False) -> StackConfig:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        # Others may pass through to postgres/ (owned by the postgres user) but not list or
-        # read anything here.
-        self.state_dir.chmod(0o711)
+        # 0700 (0711 as root: the postgres OS user passes through to postgres/), and whatever an
+        # older stack left readable by others no longer is.
+        private_state_folder(self.state_dir)
         secrets_path = self.state_dir / SECRETS_FILE
         stack_secrets = json.loads(secrets_path.read_text()) if secrets_path.is_file() else {}
         if set(new_secrets()) - set(stack_secrets):  # a new stack, or one from before a secret
@@ -433,7 +444,10 @@ class Stack:
             data_dir=(self._data_dir or settings.data_dir()).resolve(),
         )
         for folder in (config.airflow_home, config.artifacts_dir, config.logs_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+            private_folder(folder)
+        if ray:  # Ray makes its session folders 0777: they go in a folder only we may enter
+            shutil.rmtree(config.ray_private_dir, ignore_errors=True)
+            private_folder(config.ray_private_dir)
         return config
 
     def _require_config(self) -> StackConfig:

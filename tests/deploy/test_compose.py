@@ -72,6 +72,12 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "AIRFLOW__API__SECRET_KEY",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
         "AIRFLOW__CORE__AUTH_MANAGER",
+        "AIRFLOW__FAB__CACHE_TTL",
+        "AIRFLOW__FAB__AUTH_RATE_LIMITED",
+        "AIRFLOW__FAB__AUTH_RATE_LIMIT",
+        "AIRFLOW__CORE__PLUGINS_FOLDER",
+        "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FOLDER_PERMISSIONS",
+        "AIRFLOW__LOGGING__FILE_TASK_HANDLER_NEW_FILE_PERMISSIONS",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK",
         "MLFLOW_TRACKING_URI",
         "MLFLOW_TRACKING_USERNAME",
@@ -94,6 +100,9 @@ STACK_AIRFLOW_INIT_ENV_KEYS = STACK_AIRFLOW_ENV_KEYS | {
 }
 MLFLOW_SERVER_SCRIPT = ROOT / "deploy" / "mlflow-server.sh"
 AIRFLOW_INIT_SCRIPT = ROOT / "deploy" / "airflow-init.sh"
+OWNER_ONLY_SCRIPT = ROOT / "deploy" / "owner-only.sh"
+# Where the image has the repository's files (Dockerfile: WORKDIR, COPY).
+IMAGE_SOURCE = "/opt/stratoflow/src"
 INIT_DATABASES_SCRIPT = ROOT / "deploy" / "postgres" / "init-databases.sh"
 
 # `${NAME}`, `${NAME:-default}`, `${NAME:?error}`...; `$$` is compose's escaped dollar.
@@ -117,6 +126,13 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def pyproject() -> dict[str, Any]:
     return tomllib.loads(PYPROJECT.read_text())
+
+
+def owner_only(name: str, argv: list[str]) -> list[str]:
+    """The program a container runs through deploy/owner-only.sh (umask 077), without it."""
+    wrapper = ["/bin/bash", f"{IMAGE_SOURCE}/{OWNER_ONLY_SCRIPT.relative_to(ROOT)}"]
+    assert argv[:2] == wrapper, f"{name}: {argv} does not run through {wrapper[1]}"
+    return argv[2:]
 
 
 def env_of(service: dict[str, Any]) -> dict[str, str]:
@@ -383,7 +399,7 @@ def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> N
     served = set()
     for name, (job, index) in TF_SERVERS.items():
         service = services[name]
-        argv = [*service["entrypoint"], *service["command"]]
+        argv = owner_only(name, [*service["entrypoint"], *service["command"]])
         assert argv[:2] == ["stratoflow", "serve"], f"{name}: runs {argv}, not `stratoflow serve`"
         args = _parser().parse_args(argv[1:])
         assert (args.job, args.index) == (job, index), (
@@ -446,7 +462,7 @@ def test_the_ray_cluster_authenticates_and_the_airflow_tasks_reach_its_head(
         env = env_of(services[name])
         assert env["RAY_AUTH_MODE"] == "token", f"{name}: Ray's token authentication is off"
         tokens.add(env["RAY_AUTH_TOKEN"])
-        command = services[name]["entrypoint"]
+        command = owner_only(name, services[name]["entrypoint"])
         assert command[:2] == ["ray", "start"] and "--block" in command, name
         if name == RAY_HEAD:
             assert "--include-dashboard=false" in command and "--num-cpus=0" in command
@@ -514,6 +530,48 @@ def test_mlflow_requires_login_and_tasks_use_their_account(services: dict[str, A
         )
 
 
+def test_the_login_limit_plugin_is_in_the_plugins_folder() -> None:
+    from stratoflow.services import config as stack_config
+    from stratoflow.services.login_limit import LoginRateLimit
+
+    plugins = list(stack_config.AIRFLOW_PLUGINS_FOLDER.glob("*.py"))
+    assert [p.name for p in plugins] == ["stratoflow_login_limit.py"], plugins
+    namespace: dict[str, Any] = {}
+    exec(compile(plugins[0].read_text(), str(plugins[0]), "exec"), namespace)
+    plugin = namespace["StratoflowLoginLimit"]
+    assert [m["middleware"] for m in plugin.fastapi_root_middlewares] == [LoginRateLimit]
+
+
+def test_the_stratoflow_containers_write_files_their_owner_only(
+    services: dict[str, Any],
+) -> None:
+    """Their programs run with umask 077 (the Airflow image's entrypoint sets 0002 first): the
+    TensorFlow servers and Ray nodes through deploy/owner-only.sh too (`owner_only`, checked
+    where their commands are)."""
+    wrapper = f"{IMAGE_SOURCE}/{OWNER_ONLY_SCRIPT.relative_to(ROOT)}"
+    for name, subcommand in (
+        (API_SERVER, "api-server"),
+        (SCHEDULER, "scheduler"),
+        ("airflow-dag-processor", "dag-processor"),
+        ("airflow-triggerer", "triggerer"),
+    ):
+        command = services[name].get("command")
+        assert command == ["bash", wrapper, "airflow", subcommand], (
+            f"{name}: {command} does not run `airflow {subcommand}` through {wrapper}"
+        )
+    for script in (AIRFLOW_INIT_SCRIPT, MLFLOW_SERVER_SCRIPT):
+        lines = [line.strip() for line in script.read_text().splitlines()]
+        assert "umask 0077" in lines, f"{script.name} does not set umask 0077"
+    # The wrapper itself, for real.
+    shown = subprocess.run(
+        ["bash", str(OWNER_ONLY_SCRIPT), "bash", "-c", "umask"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip() == "0077", shown.stdout
+
+
 def test_airflow_environment_names(services: dict[str, Any]) -> None:
     for name in AIRFLOW_SERVICES:
         keys = set(env_of(services[name]))
@@ -579,10 +637,21 @@ def test_compose_and_the_local_stack_give_airflow_the_same_settings(
         )
         # The settings that are not paths, ports or secrets have the same value in both.
         local_env = stack_config.environment(component, placeholder)
-        for name in ("AIRFLOW__CORE__AUTH_MANAGER", "MLFLOW_TRACKING_USERNAME"):
+        for name in (
+            "AIRFLOW__CORE__AUTH_MANAGER",
+            "MLFLOW_TRACKING_USERNAME",
+            *stack_config.FAB_SETTINGS,
+            *stack_config.TASK_LOG_MODES,
+        ):
             assert env_of(services[component])[name] == local_env[name], (
                 f"{component}: {name} differs between compose and the local stack"
             )
+        # The same plugins folder of the repository, where each has it.
+        plugins = stack_config.AIRFLOW_PLUGINS_FOLDER.relative_to(ROOT)
+        assert local_env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(ROOT / plugins)
+        assert env_of(services[component])["AIRFLOW__CORE__PLUGINS_FOLDER"] == (
+            f"{IMAGE_SOURCE}/{plugins}"
+        ), f"{component}: AIRFLOW__CORE__PLUGINS_FOLDER is not the image's {plugins}"
     local_mlflow = set(stack_config.environment_names(MLFLOW)) - LOCAL_ONLY_MLFLOW_ENV
     compose_mlflow = set(env_of(services[MLFLOW]))
     assert local_mlflow == compose_mlflow, (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -242,6 +243,7 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
     replace = {
         "@postgres:5432/": f"@127.0.0.1:{databases.port}/",
         "/opt/stratoflow/src/dags": str(ROOT / "dags"),
+        "/opt/stratoflow/src/deploy/": f"{ROOT / 'deploy'}/",
         "/opt/stratoflow/": f"{tmp_path}/stratoflow/",
     }
     base = {
@@ -300,6 +302,32 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         status, body = request(f"{dag}/dagRuns", {"logical_date": None, "conf": conf}, auth)
         assert status == 200, f"triggering retrain_digits answered {status}: {body[:300]!r}"
         assert json.loads(body)["conf"] == conf
+        assert_password_guessing_is_limited(url)
+
+
+def assert_password_guessing_is_limited(url: str) -> None:
+    """The UI's login form answers 429 after a few tries from one address (FAB's limit), and so
+    does `POST /auth/token` after a run of wrong passwords from one address for any usernames,
+    even to the admin's right password then."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=60) as browser:
+        page = browser.get("/auth/login/").text
+        (csrf,) = set(re.findall(r'name="csrf_token"[^>]*value="([^"]+)"', page))
+        form = {"username": "admin", "password": "wrong", "csrf_token": csrf}
+        ui = [browser.post("/auth/login/", data=form).status_code for _ in range(8)]
+    assert 429 in ui and ui.index(429) >= 3, f"the UI login form answered {ui}"
+    rest = []
+    for attempt in range(60):
+        status, _ = request(f"{url}/auth/token", {"username": f"guess{attempt}", "password": "x"})
+        rest.append(status)
+        if status != 401:
+            break
+    assert rest[-1] == 429 and len(rest) > 5, f"wrong logins for many users answered {rest}"
+    status, _ = request(
+        f"{url}/auth/token", {"username": "admin", "password": SECRETS["AIRFLOW_ADMIN_PASSWORD"]}
+    )
+    assert status == 429, f"the admin's login from the refused address answered {status}"
 
 
 def test_mlflow_server_with_the_compose_flags(

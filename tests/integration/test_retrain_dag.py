@@ -26,6 +26,7 @@ from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
 from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
+from tests.file_modes import exposed_paths
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -104,6 +105,21 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
     assert "DAG run manual__" in printed and "succeeded" in printed
     assert "version 1 (aliases: challenger, champion)" in printed
     assert "mlflow ui --backend-store-uri" in printed
+
+
+def test_what_the_run_wrote_is_its_owners_only(default_mnist_run, mlflow_client):
+    """`make run`'s run folder (trained model, history) and the run's MLflow artifacts, written
+    by `airflow dags test` and the processes it starts, let no other user read, write or list
+    them."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    (run, *_) = runs_of(mlflow_client, "mnist")
+    run_folder = settings.run_dir("retrain_mnist", run.data.tags["airflow.run_id"])
+    artifacts = Path(local_file_uri_to_path(run.info.artifact_uri)).parent
+    assert list(run_folder.iterdir()), f"nothing in the run folder {run_folder}"
+    assert list(artifacts.rglob("*.png")), f"no figure under {artifacts}"
+    offenders = exposed_paths(run_folder) + exposed_paths(artifacts)
+    assert offenders == [], f"{len(offenders)} open to others:\n" + "\n".join(offenders[:40])
 
 
 def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlflow_client):

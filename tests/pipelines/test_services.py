@@ -4,6 +4,7 @@ the stack; the live stack itself is tested in `tests/integration/services/`."""
 from __future__ import annotations
 
 import http.server
+import os
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from stratoflow.services.config import (
     COMPONENTS,
     MLFLOW,
     POSTGRES,
+    RAY_HEAD,
     StackConfig,
 )
 from stratoflow.tracking import mlflow_runs
@@ -309,3 +311,31 @@ def test_a_stack_process_is_still_recognised_after_a_wall_clock_step() -> None:
         server.kill()
         server.wait()
     assert not ManagedProcess.from_dict(record).is_alive()
+
+
+def test_rays_session_folders_lie_in_a_folder_only_the_stack_owner_may_enter(
+    tmp_path: Path,
+) -> None:
+    """Ray makes its temp folder and session folders 0777 (no sticky bit): `up --ray` gives it a
+    temp folder inside one that only the stack's owner may enter, made before Ray starts."""
+    import shutil
+    import stat
+
+    stack = services.Stack(tmp_path / "state")
+    config = stack._prepare_config(ray=True)
+    try:
+        (argument,) = [
+            arg for arg in stack_config.command(RAY_HEAD, config) if arg.startswith("--temp-dir=")
+        ]
+        temp_dir = Path(argument.split("=", 1)[1])
+        guards = [
+            folder
+            for folder in temp_dir.parents
+            if folder.is_dir()
+            and folder.stat().st_uid == os.geteuid()
+            and not stat.S_IMODE(folder.stat().st_mode) & 0o077
+        ]
+        assert guards, f"Ray's --temp-dir {temp_dir} lies in no folder only its owner may enter"
+    finally:  # the stack's own Ray folder, and nothing above it
+        assert config.ray_private_dir.name.startswith("stratoflow-ray-")
+        shutil.rmtree(config.ray_private_dir, ignore_errors=True)

@@ -9,6 +9,10 @@ REST API and MlflowClient), on the package's shared stack (conftest.py):
 - that run logs and registers in MLflow through the tasks' service account;
 - an MLflow user without a grant reads, runs `stratoflow compare`, but setting `champion`,
   deleting a run and registering a version get 403, and the registry is unchanged;
+- a user an admin deletes (REST) or deactivates (the FAB UI's user form) is refused at the next
+  request with the token they already hold, and their trigger creates no run;
+- wrong passwords for one login are refused with 429 after a few, the right one too while it
+  lasts, and other users still sign in;
 - no password is in a process's command line, a task log or an MLflow param.
 """
 
@@ -17,10 +21,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +36,7 @@ import pytest
 
 from stratoflow.config import names
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
-from stratoflow.services.config import MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
+from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 
 pytestmark = pytest.mark.integration
@@ -56,18 +63,7 @@ class Roles:
         self.config = live.stack.config
         self.passwords = {"operator": _password(), "viewer": _password(), "reader": _password()}
         for username, role in (("operator", "Op"), ("viewer", "Viewer")):
-            live.api.request(
-                "POST",
-                "/auth/fab/v1/users",
-                json={
-                    "username": username,
-                    "email": f"{username}@example.com",
-                    "first_name": username,
-                    "last_name": "test",
-                    "roles": [{"name": role}],
-                    "password": self.passwords[username],
-                },
-            )
+            self.add_airflow_user(username, role)
         self.operator = AirflowApi(live.api_url, "operator", self.passwords["operator"])
         self.viewer = AirflowApi(live.api_url, "viewer", self.passwords["viewer"])
         # An MLflow user with no grant: default_permission READ.
@@ -80,6 +76,23 @@ class Roles:
         assert created.status_code == 200, created.text
         self.operator_run: dict[str, Any] | None = None
         self.cmdlines: dict[int, str] = {}
+
+    def add_airflow_user(self, username: str, role: str) -> str:
+        """Create an Airflow user with `role` as the admin does (FAB's user API); its password."""
+        password = self.passwords.setdefault(username, _password())
+        self.live.api.request(
+            "POST",
+            "/auth/fab/v1/users",
+            json={
+                "username": username,
+                "email": f"{username}@example.com",
+                "first_name": username,
+                "last_name": "test",
+                "roles": [{"name": role}],
+                "password": password,
+            },
+        )
+        return password
 
     @property
     def mlflow_admin(self) -> tuple[str, str]:
@@ -229,6 +242,128 @@ def test_an_operators_trigger_runs_to_success_and_it_may_clear(
         },
     )
     assert cleared["task_instances"], "the operator's clear (dry run) matched no task"
+
+
+# ----- removing a user, guessing a password ----------------------------------------------------
+
+
+def _login(live: LiveStack, username: str, password: str) -> httpx.Response:
+    """`POST /auth/token`, as a script signs in."""
+    return httpx.post(
+        f"{live.api_url}/auth/token",
+        json={"username": username, "password": password},
+        timeout=30,
+    )
+
+
+class _FormFields(HTMLParser):
+    """What a browser submits from a page's forms: named inputs (ticked boxes only) and selected
+    options, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, list[str]] = {}
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        name = attributes.get("name")
+        if tag == "input" and name:
+            if attributes.get("type") == "checkbox" and "checked" not in attributes:
+                return
+            self.fields.setdefault(name, []).append(attributes.get("value") or "")
+        elif tag == "select":
+            self._select = name
+        elif tag == "option" and self._select and "selected" in attributes:
+            self.fields.setdefault(self._select, []).append(attributes.get("value") or "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "select":
+            self._select = None
+
+
+def _form_fields(page: str) -> dict[str, list[str]]:
+    parser = _FormFields()
+    parser.feed(page)
+    return parser.fields
+
+
+def _deactivate_in_the_fab_ui(live: LiveStack, username: str) -> None:
+    """What an admin does in Security > List Users: open the user, untick "Is Active", save.
+
+    FAB's REST API has no field for it (`PATCH /auth/fab/v1/users/{name}` refuses `active`
+    with 422), so this goes through the auth manager's own pages, signed in with its form.
+    """
+    assert live.stack.config is not None
+    with httpx.Client(base_url=live.api_url, timeout=30) as browser:
+        login = _form_fields(browser.get("/auth/login/").text)
+        login |= {"username": [ADMIN_USER], "password": [live.stack.config.admin_password]}
+        signed_in = browser.post("/auth/login/", data=login)
+        assert signed_in.status_code == 302, f"UI sign-in: HTTP {signed_in.status_code}"
+        assert "/login" not in signed_in.headers["location"], "the admin's UI sign-in failed"
+        listing = browser.get("/auth/users/list/", params={"_flt_0_username": username})
+        (user_id,) = set(re.findall(r"/auth/users/edit/(\d+)", listing.text))
+        form = _form_fields(browser.get(f"/auth/users/edit/{user_id}").text)
+        assert form.pop("active") == ["y"], "the user was not active"
+        saved = browser.post(f"/auth/users/edit/{user_id}", data=form)
+        assert saved.status_code == 302, f"saving the user form: HTTP {saved.status_code}"
+
+
+@pytest.mark.parametrize("removal", ["deleted", "deactivated"])
+def test_a_removed_user_is_refused_at_the_next_request_with_the_token_they_hold(
+    roles: Roles, removal: str
+) -> None:
+    live = roles.live
+    username = f"leaver-{removal}"
+    answer = _login(live, username, roles.add_airflow_user(username, "Op"))
+    assert answer.status_code == 201, answer.text
+    bearer = {"Authorization": f"Bearer {answer.json()['access_token']}"}
+    dag = f"{live.api_url}/api/v2/dags/{DIGITS}"
+    # The token works, and the auth manager has now met its user (and may remember it).
+    assert httpx.get(dag, headers=bearer, timeout=30).status_code == 200
+    runs_before = {run["dag_run_id"] for run in live.api.runs(DIGITS)}
+    if removal == "deleted":
+        live.api.request("DELETE", f"/auth/fab/v1/users/{username}")
+    else:
+        _deactivate_in_the_fab_ui(live, username)
+        assert live.api.request("GET", f"/auth/fab/v1/users/{username}")["active"] is False
+    trigger = httpx.post(
+        f"{dag}/dagRuns",
+        json={"logical_date": None, "conf": SHORT_CONF},
+        headers=bearer,
+        timeout=30,
+    )
+    read = httpx.get(dag, headers=bearer, timeout=30)
+    created = [r["dag_run_id"] for r in live.api.runs(DIGITS) if r["dag_run_id"] not in runs_before]
+    assert trigger.status_code in (401, 403), (
+        f"the {removal} user's trigger right after: HTTP {trigger.status_code}, runs {created}"
+    )
+    assert read.status_code in (401, 403), f"the {removal} user read: HTTP {read.status_code}"
+    assert created == []
+
+
+def test_wrong_passwords_for_a_login_get_429_and_then_so_does_the_right_one(roles: Roles) -> None:
+    """Ten wrong passwords sent at once: as many as the limit allows are checked (401), the rest
+    refused (429) however they race; then the right password is refused too."""
+    from limits import parse
+
+    from stratoflow.services.login_limit import FAILURES_PER_LOGIN
+
+    live = roles.live
+    password = roles.add_airflow_user("guessed", "Viewer")
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        answers = list(pool.map(lambda n: _login(live, "guessed", f"guess-{n}"), range(10)))
+    codes = sorted(answer.status_code for answer in answers)
+    assert 429 in codes, f"10 wrong passwords at once, answered {codes}"
+    assert codes.count(401) == parse(FAILURES_PER_LOGIN).amount, codes
+    retry_after = int(next(a for a in answers if a.status_code == 429).headers["Retry-After"])
+    assert 0 < retry_after <= 60, retry_after
+    right = _login(live, "guessed", password)
+    assert right.status_code == 429, f"the right password while refused: HTTP {right.status_code}"
+    # The limit holds that login, not everyone's: the admin still signs in.
+    assert live.stack.config is not None
+    assert _login(live, ADMIN_USER, live.stack.config.admin_password).status_code == 201
+    log.info("roles: 10 wrong passwords at once: %s (Retry-After %d s)", codes, retry_after)
 
 
 # ----- MLflow ----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, POSTGRES, SCHEDULER
 from stratoflow.services.processes import group_members
+from tests.file_modes import exposed_paths
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 from tests.processes import restorable_epoch
 
@@ -357,6 +358,22 @@ def test_a_killed_training_process_is_restarted_inside_the_task_from_its_checkpo
     for key in EPOCH_METRICS:  # each epoch exactly once, across both training processes
         steps = [m.step for m in mlflow.get_metric_history(mlflow_run.info.run_id, key)]
         assert sorted(steps) == list(range(1, epochs + 1)), key
+
+
+def test_everything_the_stack_wrote_is_its_owners_only(
+    live: LiveStack, live_runs: LiveRuns
+) -> None:
+    """After the runs above (task logs, checkpoints, MLflow artifacts, the stack's own logs):
+    no file or folder in the state folder lets another user read, write or list it. Run as
+    root, the folder itself lets the postgres OS user pass through to its cluster."""
+    from stratoflow.services import postgres
+
+    assert live_runs.final, "no DAG run went on"
+    state = live.stack.state_dir
+    assert list((state / "mlartifacts").rglob("MLmodel")), "no model artifact to check"
+    assert list((state / "airflow" / "logs").rglob("*.log")), "no task log to check"
+    offenders = exposed_paths(state, passable_root=bool(postgres.as_server_user()))
+    assert offenders == [], f"{len(offenders)} open to others:\n" + "\n".join(offenders[:40])
 
 
 # ----- a task process killed for good ----------------------------------------------------------
