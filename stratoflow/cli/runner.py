@@ -28,7 +28,7 @@ from typing import Any
 
 from stratoflow.cli.tables import format_table
 from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_label
-from stratoflow.config import names
+from stratoflow.config import names, settings
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec
