@@ -95,11 +95,14 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
             pipeline's own code (model builder, preprocessing, optimizer) refused; each naming
             the pipeline file and the field.
         TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
+        NameOwnedError: another MLflow user owns the pipeline's experiment or registered model
+            (checked before any work; a refusal, like a `SpecError`).
     """
-    from stratoflow.tracking import mlflow_runs
+    from stratoflow.tracking import mlflow_runs, name_claims
 
     spec = resolve_config(pipeline, params)
     mlflow_runs.check_reachable()
+    name_claims.claim_pipeline_names(spec)
     from stratoflow.config.parsing import SpecError
     from stratoflow.data import datasets  # builds with TensorFlow: after the cheap checks
     from stratoflow.training.validation import check_pipeline_code
@@ -116,6 +119,11 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
         ) from None
     check_pipeline_code(spec, reference)
     mlflow_run_id = mlflow_runs.start_or_resume_run(
-        spec, run.dag_id, run.run_id, run.try_number, reference.to_dict()
+        spec,
+        run.dag_id,
+        run.run_id,
+        run.try_number,
+        reference.to_dict(),
+        triggered_by=run.triggered_by,
     )
     return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, run_config=spec)
