@@ -94,9 +94,7 @@ class NameClaim:
 
     def describe(self) -> str:
         """One line: the name and what the claim found (with the fix when it is unusable)."""
-        if self.outcome == TAKEN:
-            return self.problem()
-        if self.outcome == DELETED:
+        if not self.usable:
             return self.problem()
         what = {
             CREATED: f"created for {self.account}",
