@@ -210,7 +210,6 @@ def _find_or_create(rest: Rest, kind: str, name: str) -> tuple[str, bool, bool]:
             expect(status, answer, f"looking up {kind} {name!r}")
         status, answer = rest("POST", create, {"name": name})
         if status == 200:
-            logger.info("created MLflow %s %r", kind, name)
             return (str(answer["experiment_id"]) if kind == EXPERIMENT else name), True, False
         if answer.get("error_code") != "RESOURCE_ALREADY_EXISTS":
             expect(status, answer, f"creating {kind} {name!r}")
@@ -238,6 +237,9 @@ def claim_pipeline_names(spec: PipelineSpec, *, registered_model: bool = True) -
     if not uri.startswith(("http://", "https://")):
         return
     claims = claim_names(mlflow_rest(uri), pipeline_names(spec, registered_model=registered_model))
+    for claim in claims:
+        if claim.outcome in (CREATED, GRANTED):
+            logger.info("%s", claim.describe())
     problems = [claim.problem() for claim in claims if not claim.usable]
     if problems:
         raise NameOwnedError(

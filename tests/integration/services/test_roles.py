@@ -330,7 +330,8 @@ def test_a_name_taken_before_the_claim_is_reported_and_refuses_the_run_at_once(
 ) -> None:
     """Another user took both names first (here: after the claim freed them again, as on a
     server where someone was faster): the claim names the owner and the fix, and a run of the
-    pipeline fails in its first task, without retry, before it prepares data or trains."""
+    pipeline fails in its first task, without retry, before it prepares data or trains. Once the
+    owner's account is gone, the next claim takes the names; a deleted experiment is reported."""
     spec = load_spec(SQUATTED)
     experiment, model = names.experiment_name(SQUATTED), spec.registered_model
     dag_id = names.retrain_dag_id(SQUATTED)
@@ -366,14 +367,9 @@ def test_a_name_taken_before_the_claim_is_reported_and_refuses_the_run_at_once(
         )
     squatted_id = taken.json()["experiment_id"]
 
-    claim = _claim_as_the_deployment_does(roles)
-    assert claim.returncode == 0, claim.stderr[-3000:]
-    report = claim.stdout + claim.stderr
-    for name in (experiment, model):
-        lines = [line for line in report.splitlines() if f"'{name}'" in line]
-        assert len(lines) == 1, f"the claim reports {name!r} {len(lines)} times:\n{report}"
-        assert "squatter" in lines[0] and "MANAGE" in lines[0], lines[0]
-        assert MLFLOW_SERVICE_USER in lines[0], lines[0]
+    for line in _claimed_lines(roles, experiment, model):
+        assert "owned by squatter" in line and "MANAGE" in line, line
+        assert MLFLOW_SERVICE_USER in line, line
     assert roles.permission(MLFLOW_SERVICE_USER, "experiment", squatted_id) == "READ"
 
     unpause_and_cancel_the_missed_slot(roles.live.api, dag_id)
@@ -390,6 +386,36 @@ def test_a_name_taken_before_the_claim_is_reported_and_refuses_the_run_at_once(
     for text in (*expected, "not retried"):
         assert text in log, f"{text!r} not in the log:\n{log[-3000:]}"
     assert not mlflow.search_runs([squatted_id]), "the run logged into the other user's experiment"
+
+    # The owner's account is deleted: the names have no owner, and the next claim takes them.
+    roles.mlflow_as_admin("DELETE", "/api/2.0/mlflow/users/delete", json={"username": squatter[0]})
+    report = _claimed_lines(roles, experiment, model)
+    for line in report:
+        assert f"had no owner: MANAGE granted to {MLFLOW_SERVICE_USER}" in line, line
+    assert roles.permission(MLFLOW_SERVICE_USER, "experiment", squatted_id) == "MANAGE"
+    assert roles.permission(MLFLOW_SERVICE_USER, "registered_model", model) == "MANAGE"
+    # A deleted experiment keeps its name: reported, with how an admin frees or restores it.
+    roles.mlflow_as_admin(
+        "POST", "/api/2.0/mlflow/experiments/delete", json={"experiment_id": squatted_id}
+    )
+    (line,) = _claimed_lines(roles, experiment)
+    assert "is deleted" in line and "mlflow gc" in line and "experiments/restore" in line, line
+    roles.mlflow_as_admin(
+        "POST", "/api/2.0/mlflow/experiments/restore", json={"experiment_id": squatted_id}
+    )
+
+
+def _claimed_lines(roles: Roles, *names_claimed: str) -> list[str]:
+    """The deployment's claim, run again: its line about each of `names_claimed`."""
+    claim = _claim_as_the_deployment_does(roles)
+    assert claim.returncode == 0, claim.stderr[-3000:]
+    report = (claim.stdout + claim.stderr).splitlines()
+    lines = []
+    for name in names_claimed:
+        found = [line for line in report if f"'{name}'" in line]
+        assert len(found) == 1, f"the claim reports {name!r} {len(found)} times:\n{report}"
+        lines += found
+    return lines
 
 
 def _registry(roles: Roles) -> dict[str, Any]:
