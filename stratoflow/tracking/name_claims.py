@@ -113,16 +113,17 @@ class NameClaim:
                 f'/api/2.0/mlflow/experiments/restore {{"experiment_id": "{self.resource_id}"}}) '
                 "or removes it with `mlflow gc`"
             )
-        if self.owners:
-            owner = f"owned by {', '.join(self.owners)}"
-        elif self.owners is None:
-            owner = (
-                "owned by another MLflow user (MLflow names owners to admins only: the "
-                "deployment's start-up log names them)"
-            )
-        else:
-            owner = "owned by no user"
-        removal = "renames it" if self.kind == EXPERIMENT else "deletes or renames it"
+        owner = (
+            f"owned by {', '.join(self.owners)}"
+            if self.owners
+            else "owned by another MLflow user (MLflow names owners to admins only: the "
+            "deployment's start-up log names them)"
+        )
+        removal = (
+            "renames it"
+            if self.kind == EXPERIMENT
+            else "deletes or renames it (or the pipeline names another `registered_model`)"
+        )
         grant = (
             f'{{"username": "{self.account}", "resource_type": "{self.kind}", '
             f'"resource_id": "{self.resource_id}", "permission": "{NEEDED_PERMISSION}"}}'
@@ -238,7 +239,7 @@ def claim_pipeline_names(spec: PipelineSpec, *, registered_model: bool = True) -
         return
     claims = claim_names(mlflow_rest(uri), pipeline_names(spec, registered_model=registered_model))
     for claim in claims:
-        if claim.outcome in (CREATED, GRANTED):
+        if claim.outcome == CREATED:
             logger.info("%s", claim.describe())
     problems = [claim.problem() for claim in claims if not claim.usable]
     if problems:
