@@ -95,18 +95,26 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
             pipeline's own code (dataset builder, model builder, preprocessing, optimizer)
             refused; each naming the pipeline file and the field.
         TrackingUnavailableError: MLflow does not answer (checked in seconds, before any work).
+        NameOwnedError: another MLflow user owns the pipeline's experiment or registered model
+            (checked before any work; a refusal, like a `SpecError`).
         ChildProcessFailed: the child that prepares the dataset and checks the pipeline's code
             failed otherwise (its last log lines quoted); a retry may get past it.
     """
-    from stratoflow.tracking import mlflow_runs
+    from stratoflow.tracking import mlflow_runs, name_claims
 
     spec = resolve_config(pipeline, params)
     mlflow_runs.check_reachable()
+    name_claims.claim_pipeline_names(spec)
     from stratoflow.training import own_code_check
 
     # The pipeline's dataset builder and code run in a child with the pipeline environment.
     reference = own_code_check.prepare_and_check(spec)
     mlflow_run_id = mlflow_runs.start_or_resume_run(
-        spec, run.dag_id, run.run_id, run.try_number, reference.to_dict()
+        spec,
+        run.dag_id,
+        run.run_id,
+        run.try_number,
+        reference.to_dict(),
+        triggered_by=run.triggered_by,
     )
     return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, run_config=spec)

@@ -130,23 +130,47 @@ def freezes_heap(step: Step) -> Step:
 
 @dataclass(frozen=True)
 class AirflowRun:
-    """Which DAG run a step belongs to (from the Airflow context, or made up by a test)."""
+    """Which DAG run a step belongs to (from the Airflow context, or made up by a test).
+
+    Attributes:
+        dag_id: the DAG.
+        run_id: the DAG run.
+        try_number: the task's try.
+        triggered_by: the Airflow user who triggered the DAG run; for a run no user triggered,
+            its run type in parentheses (`(scheduled)`, `(asset_triggered)`); empty outside
+            Airflow.
+    """
 
     dag_id: str
     run_id: str
     try_number: int = 1
+    triggered_by: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_context(cls, context: Any) -> AirflowRun:
-        """The DAG run of an Airflow task context (`dag`, `run_id`, `ti`)."""
+        """The DAG run of an Airflow task context (`dag`, `run_id`, `ti`, `dag_run`)."""
         return cls(
             dag_id=context["dag"].dag_id,
             run_id=context["run_id"],
             try_number=context["ti"].try_number,
+            triggered_by=triggered_by(context.get("dag_run")),
         )
+
+
+def triggered_by(dag_run: Any) -> str:
+    """Who triggered a DAG run: Airflow's `triggering_user_name` (the signed-in user of the UI or
+    REST API, the OS user of `airflow dags trigger`, `dag_test` for `airflow dags test`), or,
+    when no user did, the run type in parentheses."""
+    if dag_run is None:
+        return ""
+    user = getattr(dag_run, "triggering_user_name", None)
+    if user:
+        return str(user)
+    run_type = getattr(dag_run, "run_type", None)
+    return f"({getattr(run_type, 'value', run_type)})" if run_type else ""
 
 
 def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:

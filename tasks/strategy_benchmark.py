@@ -146,9 +146,11 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[Planned
         benchmark's resolved configuration.
     """
     from stratoflow.data import datasets
-    from stratoflow.tracking import mlflow_runs
+    from stratoflow.tracking import mlflow_runs, name_claims
 
     spec = benchmark_spec(pipeline, params)
+    # Its runs go to the pipeline's experiment (it registers nothing): owned by the account?
+    name_claims.claim_pipeline_names(spec, registered_model=False)
     planned, not_run = plan_strategies(spec, params.get("strategies") or [], detect_host())
     for entry in planned:
         if not entry["unavailable"]:  # fail now, not after the first trainings
@@ -163,6 +165,7 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[Planned
             "dataset": f"{reference['name']}:{reference['version']}",
             names.BENCHMARK_STRATEGIES_TAG: ",".join(e["strategy"] for e in planned),
             names.RUN_NAME_TAG: f"{spec.name}-bench-{run.run_id}",
+            **mlflow_runs.triggered_by_tag(run.triggered_by),
         },
         run.try_number,
         reference,
@@ -408,6 +411,7 @@ def _fresh_child_run(
         names.KIND_TAG: names.BENCHMARK_CHILD_KIND,
         names.PARENT_RUN_TAG: parent_run_id,
         names.RUN_NAME_TAG: f"{spec.name}-bench-{strategy}",
+        **mlflow_runs.triggered_by_tag(run.triggered_by),
     }
     experiment_id = mlflow_runs.ensure_experiment(mlflow_client, spec.name)
     return mlflow_runs.create_described_run(mlflow_client, experiment_id, spec, tags, dataset)

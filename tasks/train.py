@@ -65,7 +65,12 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
     mlflow_runs.check_reachable()
     # Reopens the run (RUNNING, this try's number) after a failed try marked it FAILED.
     mlflow_run_id = mlflow_runs.start_or_resume_run(
-        spec, run.dag_id, run.run_id, run.try_number, prepared.dataset.to_dict()
+        spec,
+        run.dag_id,
+        run.run_id,
+        run.try_number,
+        prepared.dataset.to_dict(),
+        triggered_by=run.triggered_by,
     )
     result = run_training(
         spec, prepared.dataset, settings.run_dir(run.dag_id, run.run_id), mlflow_run_id

@@ -37,6 +37,11 @@ DAG_ID_TAG = "airflow.dag_id"
 RUN_ID_TAG = "airflow.run_id"
 TRY_NUMBER_TAG = "airflow.try_number"
 RUN_NAME_TAG = "mlflow.runName"
+# Who made a run: MLflow's user tag (the run's `user_id`: the MLflow account it logs as, or the
+# OS user for a local store), and the Airflow user who triggered its DAG run; a run no user
+# triggered holds its run type in parentheses instead, e.g. `(scheduled)`, `(asset_triggered)`.
+USER_TAG = "mlflow.user"
+TRIGGERED_BY_TAG = "airflow.triggered_by"
 PARENT_RUN_TAG = "mlflow.parentRunId"
 MODEL_URI_TAG = "stratoflow.model_uri"
 VERSION_TAG = "stratoflow.registered_version"

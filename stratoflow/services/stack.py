@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,8 @@ class StartReport:
         rss_mb: the sum of the resident memory of every process of the stack.
         pss_mb: the same with shared pages split between their processes (None if unreadable).
         processes: how many processes the stack runs.
+        name_problems: the pipelines' MLflow names another user owns, each with its fix (the
+            runs of those pipelines refuse to start).
     """
 
     seconds_to_healthy: float
@@ -90,6 +92,7 @@ class StartReport:
     rss_mb: float
     pss_mb: float | None
     processes: int
+    name_problems: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         pss = f", PSS {self.pss_mb:.0f} MB" if self.pss_mb is not None else ""
@@ -164,7 +167,7 @@ class Stack:
             for component in AIRFLOW_COMPONENTS:
                 self.start_component(component)
             self.wait_healthy(MLFLOW, deadline)
-            self._ensure_mlflow_service_account()
+            name_problems = self._ensure_mlflow_service_account()
             timings[MLFLOW] = time.monotonic() - mark
             self.wait_healthy(API_SERVER, deadline)
             timings["airflow"] = time.monotonic() - mark
@@ -176,7 +179,7 @@ class Stack:
             raise
         seconds = time.monotonic() - started
         rss, pss, count = self.memory()
-        report = StartReport(seconds, timings, rss, pss, count)
+        report = StartReport(seconds, timings, rss, pss, count, name_problems)
         log.info("%s", report.describe())
         return report
 
@@ -409,20 +412,31 @@ class Stack:
         config = self._require_config()
         write_config(config.mlflow_auth_config, config.database_uri("mlflow_auth"))
 
-    def _ensure_mlflow_service_account(self) -> None:
-        """Create the tasks' MLflow account, or set its password to the secret's (a restart)."""
-        from stratoflow.services.mlflow_auth import MlflowAuthError, ensure_account
+    def _ensure_mlflow_service_account(self) -> list[str]:
+        """Create the tasks' MLflow account, or set its password to the secret's (a restart),
+        and claim every pipeline's experiment and registered model for it.
+
+        Returns:
+            The names another user owns, each with its fix (also logged as warnings).
+        """
+        from stratoflow.config.assets import loadable_specs
+        from stratoflow.services.mlflow_auth import (
+            MlflowAuthError,
+            claim_pipeline_names,
+            ensure_account,
+            report_claims,
+        )
+        from stratoflow.tracking.name_claims import ClaimError
 
         config = self._require_config()
+        admin = (MLFLOW_ADMIN_USER, config.mlflow_admin_password)
+        account = (MLFLOW_SERVICE_USER, config.mlflow_service_password)
         try:
-            ensure_account(
-                config.mlflow_uri,
-                (MLFLOW_ADMIN_USER, config.mlflow_admin_password),
-                MLFLOW_SERVICE_USER,
-                config.mlflow_service_password,
-            )
-        except MlflowAuthError as error:
+            ensure_account(config.mlflow_uri, admin, *account)
+            claims = claim_pipeline_names(config.mlflow_uri, admin, account, loadable_specs())
+        except (MlflowAuthError, ClaimError) as error:
             raise ServiceError(str(error)) from None
+        return report_claims(claims)
 
     # ----- state -----------------------------------------------------------------------------
 
@@ -527,6 +541,7 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
         lines[0] += f" (not running: {', '.join(stopped)})"
     if report is not None:
         lines.append(f"  {report.describe()}; DAGs parsed {dags_seconds:.1f} s later")
+        lines += [f"  WARNING: {problem}" for problem in report.name_problems]
     elif running:
         rss, pss, count = stack.memory()
         pss_text = f", PSS {pss:.0f} MB" if pss is not None else ""

@@ -4,7 +4,9 @@ The names here are a public interface (the README lists them): users compare run
 params and metrics in the MLflow UI and with `stratoflow compare`.
 
 - experiment `stratoflow/<pipeline>`; a run per DAG run, found again by the tags
-  `airflow.dag_id` + `airflow.run_id` so a retried task reuses it;
+  `airflow.dag_id` + `airflow.run_id` so a retried task reuses it; its user is the MLflow
+  account it logs as (the OS user for a local store), `airflow.triggered_by` the Airflow user
+  who triggered the DAG run;
 - tags `strategy`, `num_replicas`, `num_workers`, `global_batch_size`, `loop`, `dataset`;
 - params: the whole resolved config, flattened (`training.strategy`, `model.builder`, ...);
 - metrics per epoch (step = epoch): `loss`, `accuracy`, `val_loss`, `val_accuracy` (`mae`,
@@ -127,9 +129,24 @@ def find_tagged_run(mlflow_client: Any, pipeline: str, tags: dict[str, str]) -> 
 
 
 def start_or_resume_run(
-    spec: PipelineSpec, dag_id: str, run_id: str, try_number: int, dataset: dict[str, Any]
+    spec: PipelineSpec,
+    dag_id: str,
+    run_id: str,
+    try_number: int,
+    dataset: dict[str, Any],
+    *,
+    triggered_by: str = "",
 ) -> str:
     """Return the MLflow run id of this DAG run, creating and describing the run the first time.
+
+    Args:
+        spec: the run's configuration.
+        dag_id: the DAG run's DAG.
+        run_id: the DAG run's id.
+        try_number: the task's try.
+        dataset: the prepared dataset's reference, as a dict.
+        triggered_by: what `airflow.triggered_by` records (no tag when empty: not an Airflow
+            run).
 
     Raises:
         TrackingUnavailableError: the tracking store does not answer; nothing was written.
@@ -138,6 +155,7 @@ def start_or_resume_run(
     tags = {
         **training_tags(spec, dataset),
         names.RUN_NAME_TAG: f"{spec.name}-{spec.training.strategy}-{run_id}",
+        **triggered_by_tag(triggered_by),
     }
     return start_or_resume_tagged_run(spec, identity, tags, try_number, dataset)
 
@@ -175,6 +193,11 @@ def start_or_resume_tagged_run(
     return create_described_run(mlflow_client, experiment_id, spec, all_tags, dataset)
 
 
+def triggered_by_tag(triggered_by: str) -> dict[str, str]:
+    """`airflow.triggered_by` as a tag, or no tag for a run made outside Airflow (empty)."""
+    return {names.TRIGGERED_BY_TAG: triggered_by} if triggered_by else {}
+
+
 def training_tags(spec: PipelineSpec, dataset: dict[str, Any]) -> dict[str, str]:
     """The tags describing a training run: pipeline, strategy, loop, batch, dataset."""
     training = spec.training
@@ -195,10 +218,14 @@ def create_described_run(
     tags: dict[str, str],
     dataset: dict[str, Any],
 ) -> str:
-    """Create a run with `tags`, the flattened config as params, the dataset input, config.json."""
+    """Create a run with `tags`, the flattened config as params, the dataset input, config.json.
+
+    The run's user (`mlflow.user`) is the MLflow account the client signs in as, or the OS user
+    (MLflow's own fluent API does the same; its client API leaves runs 'unknown').
+    """
     from mlflow.entities import Param
 
-    run = mlflow_client.create_run(experiment_id, tags=tags)
+    run = mlflow_client.create_run(experiment_id, tags={names.USER_TAG: tracking_user(), **tags})
     params = [Param(key, value) for key, value in flatten_config(spec).items()]
     for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         mlflow_client.log_batch(run.info.run_id, params=params[start : start + 100])
@@ -206,6 +233,15 @@ def create_described_run(
     _log_config(mlflow_client, run.info.run_id, spec)
     logger.info("created MLflow run %s (%s)", run.info.run_id, tags.get(names.RUN_NAME_TAG))
     return str(run.info.run_id)
+
+
+def tracking_user() -> str:
+    """Who logs: the MLflow user of the client's credentials, else the OS user."""
+    import getpass
+
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    return read_mlflow_creds().username or getpass.getuser()
 
 
 def flatten_config(spec: PipelineSpec) -> dict[str, str]:

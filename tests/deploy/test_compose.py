@@ -510,6 +510,12 @@ def test_mlflow_requires_login_and_tasks_use_their_account(services: dict[str, A
     assert "CREATE DATABASE mlflow_auth OWNER mlflow;" in INIT_DATABASES_SCRIPT.read_text()
     assert env["MLFLOW_AUTH_ADMIN_USERNAME"] == stack_config.MLFLOW_ADMIN_USER
     init_env = env_of(init)
+    # It claims every pipeline's MLflow names for the account, the team's pipelines included.
+    pipelines = env_of(services[SCHEDULER])["STRATOFLOW_PIPELINES_PATH"]
+    assert init_env.get("STRATOFLOW_PIPELINES_PATH") == pipelines, (
+        f"{MLFLOW_INIT}: does not see the team's pipelines ({pipelines})"
+    )
+    assert volume_targets(init).get(pipelines) == volume_targets(services[SCHEDULER])[pipelines]
     assert init.get("entrypoint") == [
         "python",
         "-m",

@@ -376,6 +376,29 @@ def test_mlflow_server_with_the_compose_flags(
             check=False,
         )
         assert init.returncode == 0, f"mlflow-init failed:\n{init.stderr[-3000:]}"
+        # ... and claimed every pipeline's experiment and registered model for the account.
+        from stratoflow.config import names
+        from stratoflow.config.assets import loadable_specs
+
+        for spec in loadable_specs():
+            experiment = names.experiment_name(spec.name)
+            status, body = request(
+                f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name={experiment}",
+                headers=basic,
+            )
+            assert status == 200, f"mlflow-init did not create {experiment}: {status} {body[:300]}"
+            for kind, resource in (
+                ("experiment", json.loads(body)["experiment"]["experiment_id"]),
+                ("registered_model", spec.registered_model),
+            ):
+                status, body = request(
+                    f"{url}/api/3.0/mlflow/users/permissions/get?username=stratoflow-airflow"
+                    f"&resource_type={kind}&resource_id={resource}",
+                    headers=basic,
+                )
+                assert (status, json.loads(body).get("permission")) == (200, "MANAGE"), (
+                    f"{kind} {resource}: {status} {body[:300]}"
+                )
         task_env = service_env(SCHEDULER, {})
         monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", task_env["MLFLOW_TRACKING_USERNAME"])
         monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", task_env["MLFLOW_TRACKING_PASSWORD"])

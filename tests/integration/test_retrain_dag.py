@@ -6,6 +6,7 @@ registering) that must leave nothing behind, and `stratoflow compare` over what 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import logging
 import os
@@ -91,6 +92,10 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
     assert run.info.status == "FINISHED"
     assert run.data.tags["airflow.dag_id"] == "retrain_mnist"
     assert run.data.tags["airflow.run_id"].startswith("manual__")
+    # Who made it: a local store's runs are the OS user's; `airflow dags test` (`stratoflow run`)
+    # is the triggering user Airflow records.
+    assert run.info.user_id == getpass.getuser()
+    assert run.data.tags["airflow.triggered_by"] == "dag_test"
     assert run.data.tags["strategy"] == "one_device"
     assert run.data.tags["loop"] == "custom"
     assert run.data.tags["num_replicas"] == "1"
@@ -287,7 +292,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
     tags = [name for name in backticked(readme_bullet(section, "tags")) if ":" not in name]
-    assert len(tags) == 16, tags
+    assert len(tags) == 17, tags
     member_tags = [tag for tag in tags if tag.endswith(".<member>")]
     assert member_tags == ["node.<member>"]
     assert run.data.tags.get("node.all_members")  # the local launcher: every member here

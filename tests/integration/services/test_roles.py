@@ -6,7 +6,11 @@ REST API and MlflowClient), on the package's shared stack (conftest.py):
 - anonymous requests get 401 from both servers;
 - an Airflow viewer reads but its trigger, clear and pause get 403 and change nothing; an
   operator's trigger runs to success, and its clear is accepted;
-- that run logs and registers in MLflow through the tasks' service account;
+- that run logs and registers in MLflow through the tasks' service account, and says who made
+  it (the account as its user, the operator in `airflow.triggered_by`);
+- every pipeline's experiment and registered model belong to that account from the start: a
+  user without grants cannot take them; a name someone took before the claim is reported with
+  its owner at start-up, and a run of that pipeline fails in its first task, without retry;
 - an MLflow user without a grant reads, runs `stratoflow compare`, but setting `champion`,
   deleting a run and registering a version get 403, and the registry is unchanged;
 - a user an admin deletes (REST) or deactivates (the FAB UI's user form) is refused at the next
@@ -35,6 +39,8 @@ import httpx
 import pytest
 
 from stratoflow.config import names
+from stratoflow.config.assets import loadable_specs
+from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
@@ -48,6 +54,8 @@ EXPERIMENT = names.experiment_name("digits")
 # A short retrain: one epoch of the default strategy.
 SHORT_CONF = {"epochs": 1}
 RUN_TIMEOUT_S = 900
+# Run by no other test of this stack: its names are taken by another user here.
+SQUATTED = "diabetes"
 
 
 def _password() -> str:
@@ -386,6 +394,9 @@ def test_the_retrain_logs_and_registers_through_the_service_account(
     version = run.data.tags[names.VERSION_TAG]
     registered = roles.live.mlflow().get_model_version(MODEL, version)
     assert registered.run_id == run.info.run_id
+    # The run says who made it: the account it logs as, and the Airflow user who triggered it.
+    assert run.info.user_id == MLFLOW_SERVICE_USER
+    assert run.data.tags["airflow.triggered_by"] == "operator"
     # MLflow makes the creator of an experiment or registered model its manager: the account
     # created both, and the tasks hold no other credentials.
     assert roles.permission(MLFLOW_SERVICE_USER, "experiment", run.info.experiment_id) == "MANAGE"
@@ -393,6 +404,153 @@ def test_the_retrain_logs_and_registers_through_the_service_account(
     # Everyone else only reads them.
     assert roles.permission("reader", "experiment", run.info.experiment_id) == "READ"
     assert roles.permission("reader", "registered_model", MODEL) == "READ"
+
+
+def test_every_pipelines_names_belong_to_the_service_account_from_the_start(
+    roles: Roles,
+) -> None:
+    """`up` claimed each discovered pipeline's experiment and registered model for the account,
+    before any run: a user without grants cannot create them, and may only read them."""
+    mlflow = roles.live.mlflow()
+    specs = loadable_specs()
+    assert SQUATTED in {spec.name for spec in specs}
+    with httpx.Client(base_url=roles.config.mlflow_uri, auth=roles.reader, timeout=30) as reader:
+        for spec in specs:
+            experiment = names.experiment_name(spec.name)
+            attempts = {
+                experiment: reader.post(
+                    "/api/2.0/mlflow/experiments/create", json={"name": experiment}
+                ),
+                spec.registered_model: reader.post(
+                    "/api/2.0/mlflow/registered-models/create",
+                    json={"name": spec.registered_model},
+                ),
+            }
+            for name, answer in attempts.items():
+                assert answer.status_code == 400 and "RESOURCE_ALREADY_EXISTS" in answer.text, (
+                    f"a user without grants could create {name}: HTTP {answer.status_code} "
+                    f"{answer.text[:300]}"
+                )
+            experiment_id = mlflow.get_experiment_by_name(experiment).experiment_id
+            for user, expected in ((MLFLOW_SERVICE_USER, "MANAGE"), ("reader", "READ")):
+                assert roles.permission(user, "experiment", experiment_id) == expected, experiment
+                assert (
+                    roles.permission(user, "registered_model", spec.registered_model) == expected
+                ), spec.registered_model
+
+
+def _claim_as_the_deployment_does(roles: Roles) -> subprocess.CompletedProcess[str]:
+    """What every start runs (the stack's `up`, compose's mlflow-init), with the stack's
+    secrets in its environment."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")},
+        "MLFLOW_TRACKING_URI": roles.config.mlflow_uri,
+        "MLFLOW_AUTH_ADMIN_USERNAME": MLFLOW_ADMIN_USER,
+        "MLFLOW_AUTH_ADMIN_PASSWORD": roles.config.mlflow_admin_password,
+        "MLFLOW_SERVICE_USERNAME": MLFLOW_SERVICE_USER,
+        "MLFLOW_SERVICE_PASSWORD": roles.config.mlflow_service_password,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "stratoflow.services.mlflow_auth", "service-account"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_a_name_taken_before_the_claim_is_reported_and_refuses_the_run_at_once(
+    roles: Roles,
+) -> None:
+    """Another user took both names first (here: after the claim freed them again, as on a
+    server where someone was faster): the claim names the owner and the fix, and a run of the
+    pipeline fails in its first task, without retry, before it prepares data or trains. Once the
+    owner's account is gone, the next claim takes the names; a deleted experiment is reported."""
+    spec = load_spec(SQUATTED)
+    experiment, model = names.experiment_name(SQUATTED), spec.registered_model
+    dag_id = names.retrain_dag_id(SQUATTED)
+    mlflow = roles.live.mlflow()
+    # Free both names again (the claimed experiment renamed away, the claimed model deleted).
+    claimed = mlflow.get_experiment_by_name(experiment)
+    if claimed is not None:
+        roles.mlflow_as_admin(
+            "POST",
+            "/api/2.0/mlflow/experiments/update",
+            json={"experiment_id": claimed.experiment_id, "new_name": f"{experiment}-claimed"},
+        )
+    deleted = httpx.request(
+        "DELETE",
+        f"{roles.config.mlflow_uri}/api/2.0/mlflow/registered-models/delete",
+        json={"name": model},
+        auth=roles.mlflow_admin,
+        timeout=30,
+    )
+    assert deleted.status_code in (200, 404), deleted.text
+    squatter = ("squatter", _password())
+    roles.mlflow_as_admin(
+        "POST",
+        "/api/2.0/mlflow/users/create",
+        json={"username": squatter[0], "password": squatter[1]},
+    )
+    with httpx.Client(base_url=roles.config.mlflow_uri, auth=squatter, timeout=30) as http:
+        taken = http.post("/api/2.0/mlflow/experiments/create", json={"name": experiment})
+        assert taken.status_code == 200, taken.text
+        assert (
+            http.post("/api/2.0/mlflow/registered-models/create", json={"name": model}).status_code
+            == 200
+        )
+    squatted_id = taken.json()["experiment_id"]
+
+    for line in _claimed_lines(roles, experiment, model):
+        assert "owned by squatter" in line and "MANAGE" in line, line
+        assert MLFLOW_SERVICE_USER in line, line
+    assert roles.permission(MLFLOW_SERVICE_USER, "experiment", squatted_id) == "READ"
+
+    unpause_and_cancel_the_missed_slot(roles.live.api, dag_id)
+    run_id = roles.live.api.trigger(dag_id, SHORT_CONF)["dag_run_id"]
+    run = roles.live.api.wait_for_run(dag_id, run_id, timeout_seconds=RUN_TIMEOUT_S)
+    states = {t["task_id"]: t["state"] for t in roles.live.api.task_instances(dag_id, run_id)}
+    assert run["state"] == "failed", states
+    prepare = roles.live.api.task_instance(dag_id, run_id, names.PREPARE_TASK)
+    assert (prepare["state"], prepare["try_number"]) == ("failed", 1), "it was retried"
+    assert states[names.TRAIN_TASK] == "upstream_failed"
+    log = roles.live.api.task_log(dag_id, run_id, names.PREPARE_TASK, 1)
+    # The log shows the message inside the exception's repr: no quotes to match on.
+    expected = (experiment, model, "owned by another MLflow user", "MANAGE", MLFLOW_SERVICE_USER)
+    for text in (*expected, "not retried"):
+        assert text in log, f"{text!r} not in the log:\n{log[-3000:]}"
+    assert not mlflow.search_runs([squatted_id]), "the run logged into the other user's experiment"
+
+    # The owner's account is deleted: the names have no owner, and the next claim takes them.
+    roles.mlflow_as_admin("DELETE", "/api/2.0/mlflow/users/delete", json={"username": squatter[0]})
+    report = _claimed_lines(roles, experiment, model)
+    for line in report:
+        assert f"had no owner: MANAGE granted to {MLFLOW_SERVICE_USER}" in line, line
+    assert roles.permission(MLFLOW_SERVICE_USER, "experiment", squatted_id) == "MANAGE"
+    assert roles.permission(MLFLOW_SERVICE_USER, "registered_model", model) == "MANAGE"
+    # A deleted experiment keeps its name: reported, with how an admin frees or restores it.
+    roles.mlflow_as_admin(
+        "POST", "/api/2.0/mlflow/experiments/delete", json={"experiment_id": squatted_id}
+    )
+    (line,) = _claimed_lines(roles, experiment)
+    assert "is deleted" in line and "mlflow gc" in line and "experiments/restore" in line, line
+    roles.mlflow_as_admin(
+        "POST", "/api/2.0/mlflow/experiments/restore", json={"experiment_id": squatted_id}
+    )
+
+
+def _claimed_lines(roles: Roles, *names_claimed: str) -> list[str]:
+    """The deployment's claim, run again: its line about each of `names_claimed`."""
+    claim = _claim_as_the_deployment_does(roles)
+    assert claim.returncode == 0, claim.stderr[-3000:]
+    report = (claim.stdout + claim.stderr).splitlines()
+    lines = []
+    for name in names_claimed:
+        found = [line for line in report if f"'{name}'" in line]
+        assert len(found) == 1, f"the claim reports {name!r} {len(found)} times:\n{report}"
+        lines += found
+    return lines
 
 
 def _registry(roles: Roles) -> dict[str, Any]:

@@ -31,7 +31,14 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
-from stratoflow.services.config import ADMIN_USER, HOST, MLFLOW, POSTGRES, SCHEDULER
+from stratoflow.services.config import (
+    ADMIN_USER,
+    HOST,
+    MLFLOW,
+    MLFLOW_SERVICE_USER,
+    POSTGRES,
+    SCHEDULER,
+)
 from stratoflow.services.processes import group_members
 from tests.file_modes import exposed_paths
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
@@ -278,6 +285,9 @@ def test_rest_triggered_mnist_run_tracks_every_epoch_and_registers_a_version(
         filter_string=f"tags.`airflow.run_id` = '{run_id}'",
     )
     assert mlflow_run.info.status == "FINISHED"
+    # Made by the tasks' MLflow account, triggered by the Airflow user whose token it was.
+    assert mlflow_run.info.user_id == MLFLOW_SERVICE_USER
+    assert mlflow_run.data.tags["airflow.triggered_by"] == ADMIN_USER
     assert mlflow_run.data.tags["strategy"] == "mirrored"
     assert mlflow_run.data.tags["num_replicas"] == "2"
     for key in EPOCH_METRICS:
@@ -353,6 +363,8 @@ def test_a_killed_training_process_is_restarted_inside_the_task_from_its_checkpo
         filter_string=f"tags.`airflow.run_id` = '{run_id}'",
     )
     assert mlflow_run.info.status == "FINISHED"
+    # No user triggered it: the tag holds the run's type.
+    assert mlflow_run.data.tags["airflow.triggered_by"] == "(asset_triggered)"
     assert mlflow_run.data.metrics["restarts"] == 1
     assert mlflow_run.data.metrics["recovery_seconds"] > 0
     for key in EPOCH_METRICS:  # each epoch exactly once, across both training processes
