@@ -388,7 +388,7 @@ def test_start_order(services: dict[str, Any]) -> None:
 
 def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> None:
     from stratoflow.cli.main import _parser
-    from stratoflow.config.training import parse_cluster
+    from stratoflow.config.clusters import parse_cluster
 
     airflow_clusters = {env_of(services[name])["STRATOFLOW_CLUSTER"] for name in AIRFLOW_SERVICES}
     assert len(airflow_clusters) == 1, (
