@@ -8,15 +8,27 @@ with predictions. A broken user pipeline is tested where Airflow parses it
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
-from stratoflow.cli import runner
+from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
 
 pytestmark = pytest.mark.integration
+
+STRATOFLOW = Path(sys.executable).parent / "stratoflow"
 
 SIZE = 12
 CLASSES = ("horizontal", "vertical")
@@ -201,6 +213,182 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert list(answer.columns) == ["prediction"]
     mae = float(np.abs(answer["prediction"].to_numpy() - targets).mean())
     assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+
+class ServeModel:
+    """A `stratoflow serve-model` process: stdout read line by line, stderr to a file."""
+
+    def __init__(self, pipeline: str, *flags: str, env: dict[str, str], log: Path):
+        self.log = log
+        self.lines: list[str] = []
+        self.banner_done = threading.Event()
+        self.process = subprocess.Popen(
+            [str(STRATOFLOW), "serve-model", pipeline, "--port", "0", *flags],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("Stop it with"):
+                self.banner_done.set()
+        self.banner_done.set()  # ended before: the test reads why from the log
+
+    def wait_until_serving(self, timeout: float = 300) -> str:
+        """The URL the banner names, once the server answers."""
+        assert self.banner_done.wait(timeout), f"no banner after {timeout} s: {self.tail()}"
+        if not any(line.startswith("Stop it with") for line in self.lines):
+            code = self.process.wait(30)
+            pytest.fail(f"serve-model exited {code} before serving: {self.tail()}")
+        (url,) = {m for line in self.lines for m in re.findall(r"http://[\d.]+:\d+", line)}
+        return url
+
+    def example_curl(self) -> list[str]:
+        (line,) = [line.strip() for line in self.lines if line.strip().startswith("curl ")]
+        return shlex.split(line)
+
+    def tree(self) -> list[psutil.Process]:
+        """The scoring server's processes (the CLI's descendants)."""
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def stop(self, signum: int, timeout: float = 30) -> int:
+        self.process.send_signal(signum)
+        return self.process.wait(timeout)
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-20:]) + "\n" + self.log.read_text()[-3000:]
+
+
+def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
+    own_pipelines, mlflow_client, tmp_path
+):
+    """`stratoflow serve-model` on the two champions registered above: an image classifier
+    (shapes) and a tabular regression (diabetes), as a user would, with a real HTTP client."""
+    import httpx
+    import pandas as pd
+
+    from stratoflow.data.datasets import load_arrays, prepare_dataset
+    from stratoflow.training.validation import resolve_run
+
+    secret = "serve-model-test-password-" + os.urandom(6).hex()
+    private_tmp = tmp_path / "tmp"  # where the CLI keeps its copy of the model
+    private_tmp.mkdir()
+    env = {
+        **os.environ,
+        "TMPDIR": str(private_tmp),
+        "MLFLOW_TRACKING_USERNAME": "serving-test-user",
+        "MLFLOW_TRACKING_PASSWORD": secret,
+    }
+    shapes = ServeModel("shapes", env=env, log=tmp_path / "shapes.log")
+    diabetes = ServeModel("diabetes", "--workers", "2", env=env, log=tmp_path / "diabetes.log")
+    try:
+        shapes_url = shapes.wait_until_serving()
+        diabetes_url = diabetes.wait_until_serving()
+        banner = "\n".join(diabetes.lines)
+        champion = mlflow_client.get_model_version_by_alias("stratoflow-diabetes", "champion")
+        assert f"stratoflow-diabetes version {champion.version} (alias champion)" in banner
+
+        # The printed example works as printed, and answers as the model's task wants.
+        answer = json.loads(subprocess.check_output(shapes.example_curl(), timeout=60))
+        assert set(answer["predictions"][0]) == {
+            "probability_horizontal",
+            "probability_vertical",
+            "predicted_class",
+            "predicted_class_id",
+        }
+        answer = json.loads(subprocess.check_output(diabetes.example_curl(), timeout=60))
+        assert set(answer["predictions"][0]) == {"prediction"}
+
+        # Real requests: the test split, through HTTP.
+        spec = resolve_run("shapes", {})
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        images, labels = load_arrays(reference, "test")
+        reply = httpx.post(
+            f"{shapes_url}/invocations", json={"inputs": images.tolist()}, timeout=60
+        )
+        assert reply.status_code == 200, reply.text
+        predicted = pd.DataFrame(reply.json()["predictions"])
+        probabilities = predicted[["probability_horizontal", "probability_vertical"]].to_numpy()
+        assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+        assert (predicted["predicted_class_id"].to_numpy() == labels).mean() >= 0.8
+        assert set(predicted["predicted_class"]) <= set(CLASSES)
+
+        spec = resolve_run("diabetes", {})
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        columns, targets = load_arrays(reference, "test")
+        table = pd.DataFrame(columns)
+        reply = httpx.post(
+            f"{diabetes_url}/invocations",
+            json={"dataframe_split": json.loads(table.to_json(orient="split", index=False))},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        predictions = np.array([row["prediction"] for row in reply.json()["predictions"]])
+        run = mlflow_client.get_run(champion.run_id)
+        mae = float(np.abs(predictions - targets).mean())
+        assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+        # Without the model's columns: a 4xx with MLflow's own message, naming what is missing.
+        reply = httpx.post(
+            f"{diabetes_url}/invocations",
+            json={"dataframe_split": {"columns": ["age"], "data": [[0.01]]}},
+            timeout=60,
+        )
+        assert 400 <= reply.status_code < 500, reply.text
+        assert "bmi" in reply.text and "missing" in reply.text.lower(), reply.text
+
+        # Loopback only, and no MLflow credential in the scoring server: neither on a command
+        # line nor in its environment (it serves a local copy; only the CLI holds them).
+        for server, url in ((shapes, shapes_url), (diabetes, diabetes_url)):
+            port = int(url.rsplit(":", 1)[1])
+            processes = server.tree()
+            assert processes, server.tail()
+            listening = [
+                connection.laddr
+                for process in processes
+                for connection in process.net_connections(kind="inet")
+                if connection.status == psutil.CONN_LISTEN
+            ]
+            assert listening, f"no listening socket: {server.tail()}"
+            assert {address.ip for address in listening} == {"127.0.0.1"}, listening
+            assert {address.port for address in listening} == {port}, listening
+            for process in processes:
+                assert secret not in " ".join(process.cmdline())
+                assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(
+                    process.environ()
+                ), process.cmdline()
+            assert secret not in " ".join(psutil.Process(server.process.pid).cmdline())
+
+        # Ctrl-C (SIGINT) and SIGTERM stop the CLI, the scoring server and its workers.
+        for server, signum in ((diabetes, signal.SIGINT), (shapes, signal.SIGTERM)):
+            processes = server.tree()
+            if server is diabetes:
+                assert len(processes) >= 3, [p.cmdline() for p in processes]  # uvicorn + 2
+            started = time.monotonic()
+            assert server.stop(signum) == 128 + signum, server.tail()
+            gone, alive = psutil.wait_procs(processes, timeout=5)
+            assert not alive, [p.cmdline() for p in alive]
+            assert time.monotonic() - started < 20
+        assert not list(private_tmp.iterdir()), list(private_tmp.iterdir())
+    finally:
+        for server in (shapes, diabetes):
+            if server.process.poll() is None:
+                for process in server.tree():
+                    process.kill()
+                server.process.kill()
+                server.process.wait()
+
+
+def test_serve_model_refuses_an_alias_without_a_version(mlflow_client, caplog):
+    assert main.main(["serve-model", "diabetes", "--alias", "nope", "--port", "0"]) == 1
+    assert "registered model 'stratoflow-diabetes' has no version with alias 'nope'" in caplog.text
+    assert "champion" in caplog.text  # the aliases it has
 
 
 def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(

@@ -36,7 +36,7 @@ def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
         assert expected in digits
 
 
-@pytest.mark.parametrize("command", ["run", "compare"])
+@pytest.mark.parametrize("command", ["run", "compare", "serve-model"])
 def test_unknown_pipeline_is_a_usage_error_listing_the_pipelines(
     capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
@@ -257,6 +257,71 @@ def test_a_stop_signal_before_the_dag_run_exits_with_its_code_and_one_line(
     assert caplog.text.count("Stopped by") == 1
     assert f"Stopped by {name}; no DAG run was in progress." in caplog.text
     assert signal.getsignal(signum) is handler  # restored for whatever runs next
+
+
+def test_serve_model_fails_fast_when_mlflow_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tracking server that does not answer: refused in seconds (MLflow's client would retry
+    for minutes), naming the URI; no scoring server is started."""
+    import socket
+
+    with socket.socket() as unused:  # a loopback port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, uri)
+    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+
+    started = time.monotonic()
+    assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
+    assert time.monotonic() - started < 30
+    assert f"MLflow at {uri} is unreachable" in caplog.text
+
+
+def test_serve_model_refuses_a_tracking_store_that_does_not_exist(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A SQLite store that is not there is named, not created empty as a side effect."""
+    store = tmp_path / "nothing-tracked" / "mlflow.db"
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+
+    assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
+    assert f"no MLflow tracking store at {store}" in caplog.text
+    assert "stratoflow run diabetes" in caplog.text
+    assert not store.exists()
+
+
+def test_serve_model_refuses_a_port_in_use(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main.main(["serve-model", "diabetes", "--port", str(port)]) == 1
+    assert f"port {port} on 127.0.0.1 is in use" in caplog.text
+    assert "--port 0" in caplog.text  # how to get a free one
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "argument --port: expected a port from 0 to 65535, got '70000'"),
+        (["--workers", "0"], "argument --workers: expected a positive integer, got '0'"),
+    ],
+)
+def test_serve_model_flags_are_checked_by_argparse(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(["serve-model", "diabetes", *flags])
+
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:
