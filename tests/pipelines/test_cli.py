@@ -20,6 +20,7 @@ from stratoflow.config import settings
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.services import airflow_setup
+from stratoflow.tracking import model_serving
 from tasks.run_context import resolve_config
 
 
@@ -270,7 +271,7 @@ def test_serve_model_fails_fast_when_mlflow_is_unreachable(
         unused.bind(("127.0.0.1", 0))
         uri = f"http://127.0.0.1:{unused.getsockname()[1]}"
     monkeypatch.setenv(settings.TRACKING_URI_ENV, uri)
-    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
 
     started = time.monotonic()
     assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
@@ -284,7 +285,7 @@ def test_serve_model_refuses_a_tracking_store_that_does_not_exist(
     """A SQLite store that is not there is named, not created empty as a side effect."""
     store = tmp_path / "nothing-tracked" / "mlflow.db"
     monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
-    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
 
     assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
     assert f"no MLflow tracking store at {store}" in caplog.text
@@ -297,7 +298,7 @@ def test_serve_model_refuses_a_port_in_use(
 ) -> None:
     import socket
 
-    monkeypatch.setattr(subprocess, "Popen", _must_not_run)
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
