@@ -131,10 +131,10 @@ def _refusal(uri: str, name: str, error: Any) -> str:
     message = str(getattr(error, "message", error)).strip().splitlines()[0]
     if error.error_code in ("PERMISSION_DENIED", "UNAUTHENTICATED") or " 401" in message:
         return (
-            f"MLflow at {uri} refused to show registered model {name!r} ({message}); set "
+            f"MLflow at {uri} refused registered model {name!r} ({message}); set "
             f"{CREDENTIAL_ENV[0]} and {CREDENTIAL_ENV[1]} to a user that may read it"
         )
-    return f"MLflow at {uri} could not show registered model {name!r}: {message}"
+    return f"MLflow at {uri} could not give registered model {name!r}: {message}"
 
 
 def download_model(model: ModelVersionToServe, folder: Path) -> Path:
@@ -142,12 +142,19 @@ def download_model(model: ModelVersionToServe, folder: Path) -> Path:
 
     Returns:
         The copy's path, what the scoring server loads.
+
+    Raises:
+        ServingError: MLflow refused or failed to give the files (the message says which).
     """
     import mlflow.artifacts
+    from mlflow.exceptions import MlflowException
 
-    path = mlflow.artifacts.download_artifacts(
-        artifact_uri=model.uri, dst_path=str(folder), tracking_uri=model.tracking_uri
-    )
+    try:
+        path = mlflow.artifacts.download_artifacts(
+            artifact_uri=model.uri, dst_path=str(folder), tracking_uri=model.tracking_uri
+        )
+    except MlflowException as error:
+        raise ServingError(_refusal(model.tracking_uri, model.registered_model, error)) from None
     logger.info("copied %s (alias %s) to %s", model.uri, model.alias, path)
     return Path(path)
 

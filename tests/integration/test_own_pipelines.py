@@ -3,19 +3,16 @@ does): one written into a folder outside the repository (its own model module, i
 folder of PNG files read with TFDS's `ImageFolder`, its own preprocessing) and found through
 `STRATOFLOW_PIPELINES_PATH`, under `one_device` and `multi_worker_mirrored`; and the bundled
 regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
-with predictions. A broken user pipeline is tested where Airflow parses it
+with predictions; then both champions served over HTTP by `stratoflow serve-model`. A broken user
+pipeline is tested where Airflow parses it
 (`tests/dags/test_dagbag.py`)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,10 +22,9 @@ import pytest
 
 from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
+from tests.processes import ServeModel
 
 pytestmark = pytest.mark.integration
-
-STRATOFLOW = Path(sys.executable).parent / "stratoflow"
 
 SIZE = 12
 CLASSES = ("horizontal", "vertical")
@@ -215,56 +211,6 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
 
 
-class ServeModel:
-    """A `stratoflow serve-model` process: stdout read line by line, stderr to a file."""
-
-    def __init__(self, pipeline: str, *flags: str, env: dict[str, str], log: Path):
-        self.log = log
-        self.lines: list[str] = []
-        self.banner_done = threading.Event()
-        self.process = subprocess.Popen(
-            [str(STRATOFLOW), "serve-model", pipeline, "--port", "0", *flags],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log.open("w"),
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("Stop it with"):
-                self.banner_done.set()
-        self.banner_done.set()  # ended before: the test reads why from the log
-
-    def wait_until_serving(self, timeout: float = 300) -> str:
-        """The URL the banner names, once the server answers."""
-        assert self.banner_done.wait(timeout), f"no banner after {timeout} s: {self.tail()}"
-        if not any(line.startswith("Stop it with") for line in self.lines):
-            code = self.process.wait(30)
-            pytest.fail(f"serve-model exited {code} before serving: {self.tail()}")
-        (url,) = {m for line in self.lines for m in re.findall(r"http://[\d.]+:\d+", line)}
-        return url
-
-    def example_curl(self) -> list[str]:
-        (line,) = [line.strip() for line in self.lines if line.strip().startswith("curl ")]
-        return shlex.split(line)
-
-    def tree(self) -> list[psutil.Process]:
-        """The scoring server's processes (the CLI's descendants)."""
-        return psutil.Process(self.process.pid).children(recursive=True)
-
-    def stop(self, signum: int, timeout: float = 30) -> int:
-        self.process.send_signal(signum)
-        return self.process.wait(timeout)
-
-    def tail(self) -> str:
-        return "\n".join(self.lines[-20:]) + "\n" + self.log.read_text()[-3000:]
-
-
 def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
     own_pipelines, mlflow_client, tmp_path
 ):
@@ -366,23 +312,21 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
             assert secret not in " ".join(psutil.Process(server.process.pid).cmdline())
 
         # Ctrl-C (SIGINT) and SIGTERM stop the CLI, the scoring server and its workers.
-        for server, signum in ((diabetes, signal.SIGINT), (shapes, signal.SIGTERM)):
-            processes = server.tree()
-            if server is diabetes:
-                assert len(processes) >= 3, [p.cmdline() for p in processes]  # uvicorn + 2
-            started = time.monotonic()
-            assert server.stop(signum) == 128 + signum, server.tail()
+        trees = {server: server.tree() for server in (diabetes, shapes)}
+        assert len(trees[diabetes]) >= 3, [p.cmdline() for p in trees[diabetes]]  # uvicorn + 2
+        started = time.monotonic()
+        diabetes.process.send_signal(signal.SIGINT)
+        shapes.process.send_signal(signal.SIGTERM)
+        assert diabetes.process.wait(30) == 130, diabetes.tail()
+        assert shapes.process.wait(30) == 143, shapes.tail()
+        for processes in trees.values():
             gone, alive = psutil.wait_procs(processes, timeout=5)
             assert not alive, [p.cmdline() for p in alive]
-            assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 20
         assert not list(private_tmp.iterdir()), list(private_tmp.iterdir())
     finally:
-        for server in (shapes, diabetes):
-            if server.process.poll() is None:
-                for process in server.tree():
-                    process.kill()
-                server.process.kill()
-                server.process.wait()
+        shapes.kill()
+        diabetes.kill()
 
 
 def test_serve_model_refuses_an_alias_without_a_version(mlflow_client, caplog):
