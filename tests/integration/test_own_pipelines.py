@@ -223,16 +223,25 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
     from stratoflow.training.validation import resolve_run
 
     secret = "serve-model-test-password-" + os.urandom(6).hex()
-    private_tmp = tmp_path / "tmp"  # where the CLI keeps its copy of the model
-    private_tmp.mkdir()
     env = {
         **os.environ,
-        "TMPDIR": str(private_tmp),
         "MLFLOW_TRACKING_USERNAME": "serving-test-user",
         "MLFLOW_TRACKING_PASSWORD": secret,
     }
-    shapes = ServeModel("shapes", env=env, log=tmp_path / "shapes.log")
-    diabetes = ServeModel("diabetes", "--workers", "2", env=env, log=tmp_path / "diabetes.log")
+    private_tmp = {}  # where each CLI keeps its copy of the model
+    for name in ("shapes", "diabetes"):
+        private_tmp[name] = tmp_path / f"tmp-{name}"
+        private_tmp[name].mkdir()
+    shapes = ServeModel(
+        "shapes", env={**env, "TMPDIR": str(private_tmp["shapes"])}, log=tmp_path / "shapes.log"
+    )
+    diabetes = ServeModel(
+        "diabetes",
+        "--workers",
+        "2",
+        env={**env, "TMPDIR": str(private_tmp["diabetes"])},
+        log=tmp_path / "diabetes.log",
+    )
     try:
         shapes_url = shapes.wait_until_serving()
         diabetes_url = diabetes.wait_until_serving()
@@ -311,19 +320,21 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
                 ), process.cmdline()
             assert secret not in " ".join(psutil.Process(server.process.pid).cmdline())
 
-        # Ctrl-C (SIGINT) and SIGTERM stop the CLI, the scoring server and its workers.
+        # Ctrl-C (SIGINT) stops the CLI, the scoring server and its workers, and removes the
+        # copy; a SIGKILLed CLI leaves no orphan either (the server gets SIGTERM), only its copy.
         trees = {server: server.tree() for server in (diabetes, shapes)}
         assert len(trees[diabetes]) >= 3, [p.cmdline() for p in trees[diabetes]]  # uvicorn + 2
         started = time.monotonic()
         diabetes.process.send_signal(signal.SIGINT)
-        shapes.process.send_signal(signal.SIGTERM)
+        shapes.process.kill()
         assert diabetes.process.wait(30) == 130, diabetes.tail()
-        assert shapes.process.wait(30) == 143, shapes.tail()
+        assert shapes.process.wait(30) == -signal.SIGKILL
         for processes in trees.values():
-            gone, alive = psutil.wait_procs(processes, timeout=5)
+            gone, alive = psutil.wait_procs(processes, timeout=15)
             assert not alive, [p.cmdline() for p in alive]
         assert time.monotonic() - started < 20
-        assert not list(private_tmp.iterdir()), list(private_tmp.iterdir())
+        assert not list(private_tmp["diabetes"].iterdir())
+        assert [path.name[:17] for path in private_tmp["shapes"].iterdir()] == ["stratoflow-serve-"]
     finally:
         shapes.kill()
         diabetes.kill()

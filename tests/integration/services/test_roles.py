@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from stratoflow.config import names
@@ -396,8 +397,10 @@ def test_serve_model_reads_the_model_with_credentials_from_the_environment(
         for process in processes:
             assert password not in " ".join(process.cmdline()), process.cmdline()
             assert password not in json.dumps(process.environ()), process.cmdline()
-        server.process.send_signal(signal.SIGINT)
-        assert server.process.wait(30) == 130, server.tail()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 143, server.tail()
+        gone, alive = psutil.wait_procs(processes, timeout=5)
+        assert not alive, [process.cmdline() for process in alive]
         assert not list(private_tmp.iterdir())
     finally:
         server.kill()
