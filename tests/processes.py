@@ -7,7 +7,12 @@ The fixtures are registered in `tests/conftest.py`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import shlex
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -212,3 +217,61 @@ def run_dag(mlflow_client: Any, pipeline: str, conf: dict[str, Any]) -> Any:
     assert runner.run_pipeline(pipeline, conf) == 0
     (made,) = [run for run_id, run in runs().items() if run_id not in before]
     return made
+
+
+STRATOFLOW = Path(sys.executable).parent / "stratoflow"
+
+
+class ServeModel:
+    """A `stratoflow serve-model` process: stdout read line by line, stderr to a file."""
+
+    def __init__(self, pipeline: str, *flags: str, env: dict[str, str], log: Path):
+        self.log = log
+        self.lines: list[str] = []
+        self.banner_done = threading.Event()
+        self.process = subprocess.Popen(
+            [str(STRATOFLOW), "serve-model", pipeline, "--port", "0", *flags],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log.open("w"),
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("Stop it with"):
+                self.banner_done.set()
+        self.banner_done.set()  # ended before: the test reads why from the log
+
+    def wait_until_serving(self, timeout: float = 300) -> str:
+        """The URL the banner names, once the server answers."""
+        assert self.banner_done.wait(timeout), f"no banner after {timeout} s: {self.tail()}"
+        if not any(line.startswith("Stop it with") for line in self.lines):
+            code = self.process.wait(30)
+            pytest.fail(f"serve-model exited {code} before serving: {self.tail()}")
+        (url,) = {m for line in self.lines for m in re.findall(r"http://[\d.]+:\d+", line)}
+        return url
+
+    def example_curl(self) -> list[str]:
+        (line,) = [line.strip() for line in self.lines if line.strip().startswith("curl ")]
+        return shlex.split(line)
+
+    def tree(self) -> list[psutil.Process]:
+        """The scoring server's processes (the CLI's descendants)."""
+        return psutil.Process(self.process.pid).children(recursive=True)
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-20:]) + "\n" + self.log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        """SIGKILL what is left of it (a test that failed midway)."""
+        if self.process.poll() is None:
+            for process in self.tree():
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            self.process.kill()
+            self.process.wait()

@@ -7,6 +7,7 @@
     stratoflow compare mnist --limit 10 [--json] [--plot curves.png] [--run RUN_ID ...]
     stratoflow benchmark mnist [--epochs 3] [--strategies one_device,mirrored]
     stratoflow services up|status|down [--state-dir DIR] [--ray]
+    stratoflow serve-model digits [--alias champion] [--port 5001] [--workers 1]
     stratoflow new-pipeline NAME [--from EXAMPLE] [--dir DIR]
 
 The run flags come from the training settings' metadata (`stratoflow.config.training`), so a
@@ -31,6 +32,7 @@ from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, pipeline_problems
 from stratoflow.config.training import settings_of
+from stratoflow.tracking.model_serving import DEFAULT_PORT as DEFAULT_SERVING_PORT
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _services(args)
     if args.command == "new-pipeline":
         return _new_pipeline(args)
+    if args.command == "serve-model":
+        return _serve_model(args)
     return _compare(args)
 
 
@@ -191,6 +195,32 @@ def _parser() -> argparse.ArgumentParser:
         help="up: also start a single-node Ray head on 127.0.0.1 for `launcher: ray` runs",
     )
 
+    serve_model = commands.add_parser(
+        "serve-model",
+        help="serve a pipeline's registered model over HTTP on 127.0.0.1 (MLflow's scoring server)",
+        description="Serve models:/<the pipeline's registered model>@ALIAS with MLflow's scoring "
+        "server in this environment (no virtualenv is built), from the tracking store stratoflow "
+        "uses ($MLFLOW_TRACKING_URI, else the local SQLite store; credentials from "
+        "$MLFLOW_TRACKING_USERNAME and $MLFLOW_TRACKING_PASSWORD), on 127.0.0.1 only, until "
+        "Ctrl-C. The server has no authentication of its own.",
+    )
+    serve_model.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
+    serve_model.add_argument(
+        "--alias", default=names.CHAMPION, help=f"the version to serve (default: {names.CHAMPION})"
+    )
+    serve_model.add_argument(
+        "--port",
+        type=_port,
+        default=DEFAULT_SERVING_PORT,
+        help=f"TCP port on 127.0.0.1 (default: {DEFAULT_SERVING_PORT}; 0: a free one, printed)",
+    )
+    serve_model.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="uvicorn worker processes, each loading the model (default: 1)",
+    )
+
     compare = commands.add_parser("compare", help="compare a pipeline's tracked runs")
     compare.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
     compare.add_argument("--limit", type=_positive_int, default=20, help="newest N runs (20)")
@@ -264,6 +294,12 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value!r}")
+    return int(value)
+
+
 def build_conf(conf_json: str, flags: Mapping[str, Any]) -> dict[str, Any]:
     """The run's Params: the `--conf` JSON object, then every flag that was given.
 
@@ -329,6 +365,12 @@ def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except (SpecError, ValueError) as error:
         parser.error(str(error))
     return 0
+
+
+def _serve_model(args: argparse.Namespace) -> int:
+    from stratoflow.cli.model_server import serve_model
+
+    return serve_model(args.pipeline, args.alias, args.port, args.workers)
 
 
 def _services(args: argparse.Namespace) -> int:

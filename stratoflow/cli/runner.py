@@ -21,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -336,7 +337,7 @@ def _stop(
     signum: int,
 ) -> RunStopped:
     name = signal.Signals(signum).name
-    killed = _kill_tree(process)
+    killed = kill_tree(process)
     what = f"Stopped by {name}: killed airflow dags test (pid {process.pid})" + (
         f" and the {killed} process(es) it had started" if killed else ""
     )
@@ -348,11 +349,14 @@ def _stop(
     return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
 
 
-def _kill_tree(process: subprocess.Popen[bytes]) -> int:
+def kill_tree(process: subprocess.Popen[Any], grace: float = 0) -> int:
     """SIGKILL `process` and every process below it; return how many descendants it had.
 
-    Not SIGTERM: Airflow would fail the running task and then retry it (the spec's retries).
-    Training writes a checkpoint per epoch, and the stopped run's folder is removed anyway.
+    `process` leads its own process group (`process_group=0`). With `grace`, the group gets
+    SIGTERM first and `grace` seconds to end by itself (a server's clean shutdown); what is left
+    then is killed. `airflow dags test` gets no grace: on SIGTERM Airflow would fail the running
+    task and then retry it (the spec's retries). Training writes a checkpoint per epoch, and the
+    stopped run's folder is removed anyway.
     """
     import psutil
 
@@ -360,6 +364,13 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> int:
         descendants = psutil.Process(process.pid).children(recursive=True)
     except psutil.Error:
         descendants = []
+    if grace:
+        deadline = time.monotonic() + grace
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(grace)
+        psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # its group: the processes it started
     for child in descendants:  # and any that left the group
@@ -475,6 +486,13 @@ def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:
             key,
         )
     return interrupted
+
+
+@contextlib.contextmanager
+def ignoring_stop_signals() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM are ignored: a 2nd Ctrl-C must not cut a clean-up."""
+    with _handling(STOP_SIGNALS, signal.SIG_IGN):
+        yield
 
 
 @contextlib.contextmanager

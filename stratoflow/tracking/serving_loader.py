@@ -1,7 +1,7 @@
 """The served model's `predict`: what a user of a served champion gets back.
 
 MLflow copies this file into every logged model (`code/stratoflow_serving.py`) and names it as
-the model's `python_function` loader, so `mlflow models serve -m models:/<name>@champion` and
+the model's `python_function` loader, so MLflow's scoring server (`stratoflow serve-model`) and
 `mlflow.pyfunc.load_model(...).predict` answer with
 
 - classification: one column `probability_<class name>` per class, `predicted_class` (the name)

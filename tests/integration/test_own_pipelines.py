@@ -5,21 +5,28 @@ folder of PNG files read with TFDS's `ImageFolder`, its own preprocessing) and f
 writes down the environment of each process it runs in (none may hold the deployment's secrets,
 which `airflow dags test` is given as sentinels); and the bundled
 regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
-with predictions. A broken user pipeline is tested where Airflow parses it
+with predictions; then both champions served over HTTP by `stratoflow serve-model`. A broken user
+pipeline is tested where Airflow parses it
 (`tests/dags/test_dagbag.py`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
-from stratoflow.cli import runner
+from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
 from tests.images import write_bar_images
+from tests.processes import ServeModel
 from tests.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, dumps, env_probe, leaked
 
 pytestmark = pytest.mark.integration
@@ -242,6 +249,141 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert list(answer.columns) == ["prediction"]
     mae = float(np.abs(answer["prediction"].to_numpy() - targets).mean())
     assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+
+def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
+    own_pipelines, mlflow_client, tmp_path
+):
+    """`stratoflow serve-model` on the two champions registered above: an image classifier
+    (shapes) and a tabular regression (diabetes), as a user would, with a real HTTP client."""
+    import httpx
+    import pandas as pd
+
+    from stratoflow.data.datasets import load_arrays, prepare_dataset
+    from stratoflow.training.validation import resolve_run
+
+    secret = "serve-model-test-password-" + os.urandom(6).hex()
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_USERNAME": "serving-test-user",
+        "MLFLOW_TRACKING_PASSWORD": secret,
+    }
+    private_tmp = {}  # where each CLI keeps its copy of the model
+    for name in ("shapes", "diabetes"):
+        private_tmp[name] = tmp_path / f"tmp-{name}"
+        private_tmp[name].mkdir()
+    shapes = ServeModel(
+        "shapes", env={**env, "TMPDIR": str(private_tmp["shapes"])}, log=tmp_path / "shapes.log"
+    )
+    diabetes = ServeModel(
+        "diabetes",
+        "--workers",
+        "2",
+        env={**env, "TMPDIR": str(private_tmp["diabetes"])},
+        log=tmp_path / "diabetes.log",
+    )
+    try:
+        shapes_url = shapes.wait_until_serving()
+        diabetes_url = diabetes.wait_until_serving()
+        banner = "\n".join(diabetes.lines)
+        champion = mlflow_client.get_model_version_by_alias("stratoflow-diabetes", "champion")
+        assert f"stratoflow-diabetes version {champion.version} (alias champion)" in banner
+
+        # The printed example works as printed, and answers as the model's task wants.
+        answer = json.loads(subprocess.check_output(shapes.example_curl(), timeout=60))
+        assert set(answer["predictions"][0]) == {
+            "probability_horizontal",
+            "probability_vertical",
+            "predicted_class",
+            "predicted_class_id",
+        }
+        answer = json.loads(subprocess.check_output(diabetes.example_curl(), timeout=60))
+        assert set(answer["predictions"][0]) == {"prediction"}
+
+        # Real requests: the test split, through HTTP.
+        spec = resolve_run("shapes", {})
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        images, labels = load_arrays(reference, "test")
+        reply = httpx.post(
+            f"{shapes_url}/invocations", json={"inputs": images.tolist()}, timeout=60
+        )
+        assert reply.status_code == 200, reply.text
+        predicted = pd.DataFrame(reply.json()["predictions"])
+        probabilities = predicted[["probability_horizontal", "probability_vertical"]].to_numpy()
+        assert np.allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+        assert (predicted["predicted_class_id"].to_numpy() == labels).mean() >= 0.8
+        assert set(predicted["predicted_class"]) <= set(CLASSES)
+
+        spec = resolve_run("diabetes", {})
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        columns, targets = load_arrays(reference, "test")
+        table = pd.DataFrame(columns)
+        reply = httpx.post(
+            f"{diabetes_url}/invocations",
+            json={"dataframe_split": json.loads(table.to_json(orient="split", index=False))},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        predictions = np.array([row["prediction"] for row in reply.json()["predictions"]])
+        run = mlflow_client.get_run(champion.run_id)
+        mae = float(np.abs(predictions - targets).mean())
+        assert mae == pytest.approx(run.data.metrics["test_mae"], rel=1e-4)
+
+        # Without the model's columns: a 4xx with MLflow's own message, naming what is missing.
+        reply = httpx.post(
+            f"{diabetes_url}/invocations",
+            json={"dataframe_split": {"columns": ["age"], "data": [[0.01]]}},
+            timeout=60,
+        )
+        assert 400 <= reply.status_code < 500, reply.text
+        assert "bmi" in reply.text and "missing" in reply.text.lower(), reply.text
+
+        # Loopback only, and no MLflow credential in the scoring server: neither on a command
+        # line nor in its environment (it serves a local copy; only the CLI holds them).
+        for server, url in ((shapes, shapes_url), (diabetes, diabetes_url)):
+            port = int(url.rsplit(":", 1)[1])
+            processes = server.tree()
+            assert processes, server.tail()
+            listening = [
+                connection.laddr
+                for process in processes
+                for connection in process.net_connections(kind="inet")
+                if connection.status == psutil.CONN_LISTEN
+            ]
+            assert listening, f"no listening socket: {server.tail()}"
+            assert {address.ip for address in listening} == {"127.0.0.1"}, listening
+            assert {address.port for address in listening} == {port}, listening
+            for process in processes:
+                assert secret not in " ".join(process.cmdline())
+                assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(
+                    process.environ()
+                ), process.cmdline()
+            assert secret not in " ".join(psutil.Process(server.process.pid).cmdline())
+
+        # Ctrl-C (SIGINT) stops the CLI, the scoring server and its workers, and removes the
+        # copy; a SIGKILLed CLI leaves no orphan either (the server gets SIGTERM), only its copy.
+        trees = {server: server.tree() for server in (diabetes, shapes)}
+        assert len(trees[diabetes]) >= 3, [p.cmdline() for p in trees[diabetes]]  # uvicorn + 2
+        started = time.monotonic()
+        diabetes.process.send_signal(signal.SIGINT)
+        shapes.process.kill()
+        assert diabetes.process.wait(30) == 130, diabetes.tail()
+        assert shapes.process.wait(30) == -signal.SIGKILL
+        for processes in trees.values():
+            gone, alive = psutil.wait_procs(processes, timeout=15)
+            assert not alive, [p.cmdline() for p in alive]
+        assert time.monotonic() - started < 20
+        assert not list(private_tmp["diabetes"].iterdir())
+        assert [path.name[:17] for path in private_tmp["shapes"].iterdir()] == ["stratoflow-serve-"]
+    finally:
+        shapes.kill()
+        diabetes.kill()
+
+
+def test_serve_model_refuses_an_alias_without_a_version(mlflow_client, caplog):
+    assert main.main(["serve-model", "diabetes", "--alias", "nope", "--port", "0"]) == 1
+    assert "registered model 'stratoflow-diabetes' has no version with alias 'nope'" in caplog.text
+    assert "champion" in caplog.text  # the aliases it has
 
 
 def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(

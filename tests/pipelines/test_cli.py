@@ -21,6 +21,7 @@ from stratoflow.config import clusters, settings
 from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.services import airflow_setup
+from stratoflow.tracking import model_serving
 from tasks.run_context import resolve_config
 
 
@@ -52,7 +53,7 @@ def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
         assert expected in digits
 
 
-@pytest.mark.parametrize("command", ["run", "compare"])
+@pytest.mark.parametrize("command", ["run", "compare", "serve-model"])
 def test_unknown_pipeline_is_a_usage_error_listing_the_pipelines(
     capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
@@ -425,6 +426,71 @@ def test_the_failure_reader_keeps_each_tasks_last_error_as_the_task_raised_it() 
         "  (20 lines omitted)",
         *(f"  member line {n}" for n in range(21, 31)),
     ]
+
+
+def test_serve_model_fails_fast_when_mlflow_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tracking server that does not answer: refused in seconds (MLflow's client would retry
+    for minutes), naming the URI; no scoring server is started."""
+    import socket
+
+    with socket.socket() as unused:  # a loopback port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, uri)
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
+
+    started = time.monotonic()
+    assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
+    assert time.monotonic() - started < 30
+    assert f"MLflow at {uri} is unreachable" in caplog.text
+
+
+def test_serve_model_refuses_a_tracking_store_that_does_not_exist(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A SQLite store that is not there is named, not created empty as a side effect."""
+    store = tmp_path / "nothing-tracked" / "mlflow.db"
+    monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
+
+    assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
+    assert f"no MLflow tracking store at {store}" in caplog.text
+    assert "stratoflow run diabetes" in caplog.text
+    assert not store.exists()
+
+
+def test_serve_model_refuses_a_port_in_use(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import socket
+
+    monkeypatch.setattr(model_serving, "download_model", _must_not_run)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main.main(["serve-model", "diabetes", "--port", str(port)]) == 1
+    assert f"port {port} on 127.0.0.1 is in use" in caplog.text
+    assert "--port 0" in caplog.text  # how to get a free one
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "argument --port: expected a port from 0 to 65535, got '70000'"),
+        (["--workers", "0"], "argument --workers: expected a positive integer, got '0'"),
+    ],
+)
+def test_serve_model_flags_are_checked_by_argparse(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(["serve-model", "diabetes", *flags])
+
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def _must_not_run(*args: Any, **kwargs: Any) -> Any:

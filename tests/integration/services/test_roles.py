@@ -11,8 +11,9 @@ REST API and MlflowClient), on the package's shared stack (conftest.py):
 - every pipeline's experiment and registered model belong to that account from the start: a
   user without grants cannot take them; a name someone took before the claim is reported with
   its owner at start-up, and a run of that pipeline fails in its first task, without retry;
-- an MLflow user without a grant reads, runs `stratoflow compare`, but setting `champion`,
-  deleting a run and registering a version get 403, and the registry is unchanged;
+- an MLflow user without a grant reads, runs `stratoflow compare` and `stratoflow serve-model`
+  (both refused without credentials), but setting `champion`, deleting a run and registering a
+  version get 403, and the registry is unchanged;
 - a user an admin deletes (REST) or deactivates (the FAB UI's user form) is refused at the next
   request with the token they already hold, and their trigger creates no run;
 - wrong passwords for one login are refused with 429 after a few, the right one too while it
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from stratoflow.config import names
@@ -44,6 +47,7 @@ from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
+from tests.processes import STRATOFLOW, ServeModel
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -641,6 +645,58 @@ def test_compare_runs_with_credentials_from_the_environment(
     refused = _compare(env)
     assert refused.returncode != 0, refused.stdout[-2000:]
     assert run.info.run_id not in refused.stdout
+
+
+def test_serve_model_reads_the_model_with_credentials_from_the_environment(
+    roles: Roles, operator_run: dict[str, Any], tmp_path: Path
+) -> None:
+    """`stratoflow serve-model` on the authenticated MLflow server: refused in seconds without
+    credentials, naming the variables to set; served as a user who may only read; and the
+    scoring server holds none of that user's password (only the command that fetched it)."""
+    assert operator_run["state"] == "success", operator_run
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")},
+        "MLFLOW_TRACKING_URI": roles.config.mlflow_uri,
+        "TMPDIR": str(private_tmp),
+    }
+    command = [str(STRATOFLOW), "serve-model", "digits", "--alias", "challenger", "--port", "0"]
+    refused = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr[-3000:]
+    assert f"MLflow at {roles.config.mlflow_uri} refused registered model {MODEL!r}" in (
+        refused.stderr
+    ), refused.stderr[-3000:]
+    assert "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in refused.stderr
+    assert "Serving" not in refused.stdout
+
+    password = roles.passwords["reader"]
+    reader = {**env, "MLFLOW_TRACKING_USERNAME": "reader", "MLFLOW_TRACKING_PASSWORD": password}
+    server = ServeModel(
+        "digits", "--alias", "challenger", env=reader, log=tmp_path / "serve-model.log"
+    )
+    try:
+        server.wait_until_serving()
+        answer = json.loads(subprocess.check_output(server.example_curl(), timeout=60))
+        assert set(answer["predictions"][0]) == {
+            *(f"probability_{digit}" for digit in range(10)),
+            "predicted_class",
+            "predicted_class_id",
+        }
+        processes = server.tree()
+        assert processes, server.tail()
+        for process in processes:
+            assert password not in " ".join(process.cmdline()), process.cmdline()
+            assert password not in json.dumps(process.environ()), process.cmdline()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 143, server.tail()
+        gone, alive = psutil.wait_procs(processes, timeout=5)
+        assert not alive, [process.cmdline() for process in alive]
+        assert not list(private_tmp.iterdir())
+    finally:
+        server.kill()
 
 
 # ----- no password where others can read it --------------------------------------------------
