@@ -310,7 +310,10 @@ def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> Train
 def _check_setting(name: str, value: Any, setting: Setting, where: str) -> None:
     if setting.optional and not value:
         return
-    choices = setting.allowed()
+    # The deployment's cluster names are checked where a run is resolved (the Params, and
+    # `resolve_run` in the first task), not wherever a resolved plan is rebuilt: a training
+    # member, on a Ray host or in the pipeline environment, does not hold the cluster list.
+    choices = setting.choices
     if choices is not None and value not in choices:
         raise SpecError(
             f"{where}.{name} {value!r:.80} is not allowed; "

@@ -69,6 +69,11 @@ def resolve_run(pipeline: str, conf: Mapping[str, Any]) -> PipelineSpec:
                 f"{', '.join(sorted(configured)) or f'none (set ${clusters.RAY_CLUSTERS_ENV})'}"
             )
         training = dataclasses.replace(training, ray_cluster=clusters.DEFAULT)
+    # A spec's own default names a cluster too: it must be one of this deployment's.
+    if training.cluster:
+        clusters.standing_cluster(training.cluster)
+    if training.ray_cluster:
+        clusters.ray_address(training.ray_cluster)
     result = dataclasses.replace(spec, training=training)
     check_model(result, "run conf")
     return result

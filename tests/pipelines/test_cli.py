@@ -547,3 +547,19 @@ def test_the_cli_refuses_a_malformed_cluster_configuration_naming_it(
     monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, "head:6379")
     assert main.main(["list"]) == 2
     assert "$STRATOFLOW_RAY_CLUSTERS is not valid JSON" in caplog.text
+
+
+def test_a_resolved_run_rebuilds_where_the_cluster_list_is_not_held(
+    monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
+) -> None:
+    """The first task checks the name against the deployment; a training member (the pipeline
+    environment, or a Ray host) rebuilds the resolved plan without the cluster list."""
+    from tasks.run_context import config_from_dict, config_to_dict
+
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps({"east": "10.0.0.1:6379"}))
+    resolved = resolve_config("mnist", {"launcher": "ray", "ray_cluster": "east"})
+    monkeypatch.delenv(clusters.RAY_CLUSTERS_ENV)
+    rebuilt = config_from_dict(config_to_dict(resolved), "the payload")
+    assert rebuilt.training.ray_cluster == "east"
+    with pytest.raises(SpecError, match=r"param ray_cluster: 'east' is not one of \[None, ''\]"):
+        resolve_config("mnist", {"launcher": "ray", "ray_cluster": "east"})
