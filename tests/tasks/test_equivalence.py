@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from typing import Any
 
 import pytest
@@ -134,7 +135,13 @@ def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, i
             for (pipeline, seed), spec in zip(keys, specs, strict=True)
         ],
     }
-    result = launcher.run_cluster(members, result_from, payload)
+    # The same intra-op thread count as the in-process runs: a local cluster would give each
+    # worker its share of the cores, and on Intel Xeon hosts oneDNN sums a CNN's reductions in
+    # another order with 1 thread than with 2 (mnist's losses part from step 5, 2.3e-4 by step
+    # 10), which is the host's kernel choice, not the strategy's arithmetic.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TF_NUM_INTRAOP_THREADS", str(len(os.sched_getaffinity(0))))
+        result = launcher.run_cluster(members, result_from, payload)
     runs = {}
     for (pipeline, seed), run in zip(keys, result["runs"], strict=True):
         assert (run["num_workers"], run["num_replicas"]) == (2, 2)
