@@ -136,9 +136,9 @@ def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, i
         ],
     }
     # The same intra-op thread count as the in-process runs: a local cluster would give each
-    # worker its share of the cores, and on Intel Xeon hosts oneDNN sums a CNN's reductions in
-    # another order with 1 thread than with 2 (mnist's losses part from step 5, 2.3e-4 by step
-    # 10), which is the host's kernel choice, not the strategy's arithmetic.
+    # worker its share of the cores, and on Intel Xeon hosts the CPU kernels sum a CNN's
+    # reductions in another order with 1 thread than with 2 (with oneDNN on or off; mnist's
+    # losses part from step 5, 2.3e-4 by step 10): the host's kernels, not the strategy.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TF_NUM_INTRAOP_THREADS", str(len(os.sched_getaffinity(0))))
         result = launcher.run_cluster(members, result_from, payload)
