@@ -1,4 +1,4 @@
-"""`stratoflow.api`: the one module pipeline code imports, cheap to import, and the code keeps to it.
+"""`stratoflow.api`: the one module pipeline code imports; cheap to import, and kept to.
 
 The source walks below read the import statements themselves (`ast`), so a test module or a
 benchmark that reaches for a private name, or a pipeline (bundled, or written by `new-pipeline`)
