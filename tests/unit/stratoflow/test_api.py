@@ -136,3 +136,22 @@ def test_the_split_helper_orders_by_seed_and_splits_each_class_80_10_10() -> Non
         "test": 5 + 3,
     }
     assert sorted(i for ids in splits.values() for i in ids) == list(range(80))
+
+
+def test_stratoflow_check_finds_a_pipelines_imports_past_the_api(tmp_path: Path) -> None:
+    from stratoflow.config.plugins import engine_imports
+
+    (tmp_path / "model.py").write_text(
+        "import keras\nimport stratoflow.api\nfrom stratoflow import api\n"
+        "from stratoflow.api import Features\nfrom . import layers\n"
+    )
+    (tmp_path / "layers.py").write_text(
+        "def make():\n    from stratoflow.training import models\n"
+        "import stratoflow.config.features as features\nfrom stratoflow import config\n"
+    )
+    (tmp_path / "broken.py").write_text("def (:\n")  # left to the import that reports it
+    assert engine_imports(tmp_path) == [
+        "layers.py:2: stratoflow.training",
+        "layers.py:3: stratoflow.config.features",
+        "layers.py:4: stratoflow",
+    ]
