@@ -1,7 +1,7 @@
 """Benchmarks that run inside one fresh TensorFlow process; prints one JSON object.
 
 `python -m benchmarks.in_process single` (one logical CPU device): an epoch of stratoflow's
-custom loop (`_CustomLoopEpoch` under one_device, on the input `stratoflow.training.trainer.train`
+custom loop (`CustomLoopEpoch` under one_device, on the input `stratoflow.training.trainer.train`
 builds)
 vs an epoch of a bare Keras `fit` on that same tf.data input; that `fit` XLA-compiled
 (`jit_compile=True`); the loop fed by in-memory tensors instead (real vs synthetic input); a
@@ -142,7 +142,7 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     from stratoflow.config.spec import DatasetSpec, load_spec
     from stratoflow.data.datasets import prepare_dataset
     from stratoflow.training.objectives import Objective
-    from stratoflow.training.trainer import _CustomLoopEpoch, make_epoch_batches
+    from stratoflow.training.trainer import CustomLoopEpoch, make_epoch_batches
 
     dataset = prepare_dataset(DatasetSpec(NAME, "1.0.0", "bench"), settings.data_dir())
     base = load_spec("mnist")  # its model (small_cnn), its seed and learning rate
@@ -174,7 +174,7 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
         with one_device.scope():
             model, optimizer = _new_model(spec, dataset)
         # Its traced steps only (`run_steps`), on one iterator that runs through the whole pass.
-        loops[name] = _CustomLoopEpoch(
+        loops[name] = CustomLoopEpoch(
             one_device,
             model,
             optimizer,
@@ -291,15 +291,15 @@ def _new_model(spec: Any, dataset: Any) -> tuple[Any, Any]:
 def _custom_epoch(
     spec: Any, dataset: Any, strategy: Any, batches: Callable[[int], Any]
 ) -> Callable[[int], Any]:
-    """An epoch of the loop `stratoflow.training.trainer.train` runs (`_CustomLoopEpoch`), on
+    """An epoch of the loop `stratoflow.training.trainer.train` runs (`CustomLoopEpoch`), on
     `batches`."""
     from stratoflow.training.objectives import Objective
-    from stratoflow.training.trainer import _CustomLoopEpoch  # the very loop stratoflow trains with
+    from stratoflow.training.trainer import CustomLoopEpoch  # the very loop stratoflow trains with
 
     with strategy.scope():
         model, optimizer = _new_model(spec, dataset)
     batch = spec.training.batch_size
-    run_epoch = _CustomLoopEpoch(
+    run_epoch = CustomLoopEpoch(
         strategy,
         model,
         optimizer,

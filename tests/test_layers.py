@@ -1,4 +1,4 @@
-"""The house rules hold: one-way layers and no import cycles (import-linter, pyproject.toml).
+"""The house rules hold: one-way layers, pipelines through `stratoflow.api`, no import cycles.
 
 The same check runs in `make lint`. The other tests here break a copy of the code on purpose
 (an upward import, a cycle, each inside a function as a dodge would be) and see the check fail,
@@ -17,7 +17,7 @@ import pytest
 from stratoflow.config import settings
 
 ROOT = settings.PROJECT_ROOT
-PACKAGES = ("stratoflow", "tasks", "dags", "pipelines")
+PACKAGES = ("stratoflow", "tasks", "dags", "pipelines", "benchmarks")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -48,16 +48,21 @@ def add_function_local_import(module: Path, imported: str) -> None:
 def test_the_code_keeps_its_layers_and_has_no_cycles() -> None:
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout
+    assert "3 kept, 0 broken" in result.stdout
+
+
+def assert_broken(root: Path, contract: str, edge: str) -> None:
+    """`lint-imports` on `root` fails, naming the broken contract and the import that breaks it."""
+    result = lint_imports(root)
+    assert result.returncode == 1, result.stdout
+    assert contract in result.stdout and "BROKEN" in result.stdout
+    assert edge in result.stdout
 
 
 def test_an_upward_import_breaks_the_layers(copy_of_the_code: Path) -> None:
     # Configuration reaching up into a task body: the kind of import the layers forbid.
     add_function_local_import(copy_of_the_code / "stratoflow/config/names.py", "tasks.prepare")
-    result = lint_imports(copy_of_the_code)
-    assert result.returncode == 1
-    assert "One-way layers" in result.stdout and "BROKEN" in result.stdout
-    assert "stratoflow.config.names -> tasks.prepare" in result.stdout
+    assert_broken(copy_of_the_code, "One-way layers", "stratoflow.config.names -> tasks.prepare")
 
 
 def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
@@ -65,6 +70,21 @@ def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
     add_function_local_import(
         copy_of_the_code / "stratoflow/cli/tables.py", "stratoflow.cli.runner"
     )
-    result = lint_imports(copy_of_the_code)
-    assert result.returncode == 1
-    assert "No import cycles" in result.stdout and "BROKEN" in result.stdout
+    assert_broken(copy_of_the_code, "No import cycles", ".tables -> .runner")
+
+
+def test_pipeline_code_reaching_past_the_api_breaks_its_contract(copy_of_the_code: Path) -> None:
+    # A bundled pipeline's module importing the engine directly, not through `stratoflow.api`.
+    preprocess = copy_of_the_code / "pipelines/penguins/preprocess.py"
+    preprocess.write_text(preprocess.read_text() + "\nfrom stratoflow.data import datasets\n")
+    assert_broken(
+        copy_of_the_code,
+        "Pipeline code imports stratoflow.api only",
+        "pipelines.penguins.preprocess -> stratoflow.data.datasets",
+    )
+
+
+def test_the_engine_importing_a_benchmark_breaks_the_layers(copy_of_the_code: Path) -> None:
+    # The benchmarks sit above the engine: the CLI may not reach up into them.
+    add_function_local_import(copy_of_the_code / "stratoflow/cli/tables.py", "benchmarks.run")
+    assert_broken(copy_of_the_code, "One-way layers", "stratoflow.cli.tables -> benchmarks.run")

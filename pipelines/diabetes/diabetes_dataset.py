@@ -8,12 +8,13 @@ later (25 to 346). Split 80/10/10 by a seed-fixed hash order.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from stratoflow.api import seeded_order
 
 SPLIT_SEED = 20261204
 COLUMNS = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
@@ -44,10 +45,7 @@ class StratoflowDiabetes(tfds.core.GeneratorBasedBuilder):
         from sklearn.datasets import load_diabetes
 
         data = load_diabetes()
-        order = sorted(
-            range(len(data.target)),
-            key=lambda i: hashlib.sha256(f"{SPLIT_SEED}:{i}".encode()).digest(),
-        )
+        order = seeded_order(range(len(data.target)), SPLIT_SEED)
         held = round(len(order) * 0.1)
         splits = {
             "validation": order[:held],

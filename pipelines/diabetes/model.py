@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import keras
 
-from stratoflow.config.features import Features, Target
+from stratoflow.api import Features, Target
 
 
 def build(

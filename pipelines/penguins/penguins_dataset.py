@@ -11,12 +11,13 @@ are left out (342 remain), split 80/10/10 per species by a seed-fixed hash order
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from stratoflow.api import seeded_order
 
 SPLIT_SEED = 20261204
 SPECIES = ["Adelie", "Chinstrap", "Gentoo"]
@@ -59,9 +60,8 @@ class StratoflowPenguins(tfds.core.GeneratorBasedBuilder):
         rows = frame.to_dict("records")
         splits: dict[str, list[int]] = {"train": [], "validation": [], "test": []}
         for species in SPECIES:
-            members = sorted(
-                (i for i, row in enumerate(rows) if row["species"] == species),
-                key=lambda i: hashlib.sha256(f"{SPLIT_SEED}:{i}".encode()).digest(),
+            members = seeded_order(
+                (i for i, row in enumerate(rows) if row["species"] == species), SPLIT_SEED
             )
             held = round(len(members) * 0.1)
             splits["validation"] += members[:held]

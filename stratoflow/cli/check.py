@@ -10,7 +10,9 @@ For each pipeline, in the order the first task (`tasks.prepare.prepare`) meets t
    the files; refused within seconds when it cannot), and its labels fit the task
    (`datasets.prepare_dataset`, as the first task does; the runs reuse what it prepared);
 4. own code: the optimizer, the model builder, the preprocessing, the model run on two
-   training examples (`validation.check_pipeline_code`, the first task's own check).
+   training examples (`validation.check_pipeline_code`, the first task's own check); and a
+   note naming each import of stratoflow other than `stratoflow.api` (it works, but only
+   `stratoflow.api` is promised to stay).
 
 A check that fails names the pipeline file and the field; the checks after it are skipped.
 Everything runs in this process: TensorFlow is imported once, however many pipelines.
@@ -166,14 +168,22 @@ def _dataset(spec: PipelineSpec, state: dict[str, Any]) -> str:
 
 
 def _own_code(spec: PipelineSpec, reference: DatasetRef) -> str:
+    from stratoflow.config.plugins import API_MODULE, engine_imports
     from stratoflow.training.validation import check_pipeline_code
 
     check_pipeline_code(spec, reference)
     preprocess = f", preprocessing {spec.dataset.preprocess}" if spec.dataset.preprocess else ""
-    return (
+    text = (
         f"optimizer {spec.optimizer.get('name', 'adam')}, model {spec.model.builder} built and "
         f"run on two training examples{preprocess}"
     )
+    internal = engine_imports(spec.folder) if spec.folder else []
+    if internal:
+        text += (
+            f"\nnote: imports stratoflow past {API_MODULE} (works now; only {API_MODULE} is "
+            f"kept stable): {'; '.join(internal)}"
+        )
+    return text
 
 
 def dag_ids(spec: PipelineSpec) -> list[str]:

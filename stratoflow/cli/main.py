@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
-        parser = _parser()
+        parser = build_parser()
     except ClusterConfigError as error:  # the run flags list the deployment's cluster names
         log.error("%s", error)
         return 2
@@ -87,7 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _compare(args)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `stratoflow` command line: every command and flag, as `main` parses them.
+
+    Public so that what reads a command line elsewhere (the compose file's checks) parses it
+    with the very parser the command uses.
+    """
     parser = argparse.ArgumentParser(
         prog="stratoflow", description="Retrain TensorFlow models with Airflow and MLflow."
     )

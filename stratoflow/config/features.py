@@ -15,6 +15,9 @@ classification, the predictions for regression.
 
 Both describe themselves as JSON (`to_dict` / `from_dict`): they travel inside the dataset
 reference between tasks.
+
+Pipeline code imports these names from `stratoflow.api` (the same objects); importing them from
+here still works but is not kept stable.
 """
 
 from __future__ import annotations

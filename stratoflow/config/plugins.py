@@ -7,10 +7,12 @@ two pipelines may each have a `model.py`, and the modules of one folder import e
 relatively (`from . import layers`).
 
 Only task and training processes call `load_object`: DAG parsing never imports a pipeline's code.
+`engine_imports` reads the code without importing it: where it reaches past `stratoflow.api`.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 import types
@@ -20,6 +22,8 @@ from typing import Any
 from stratoflow.config.parsing import SpecError
 
 PACKAGE_PREFIX = "stratoflow_pipeline_"
+# The one module of stratoflow that pipeline code is promised (README, "Your own pipeline").
+API_MODULE = "stratoflow.api"
 
 
 def pipeline_package(folder: str | Path) -> str:
@@ -86,3 +90,38 @@ def load_object(path: str, folder: str | Path | None, where: str) -> Any:
             f"{where}: {path!r} does not resolve: module {module_name!r} "
             f"({getattr(module, '__file__', None)}) has no {attribute!r}"
         ) from None
+
+
+def engine_imports(folder: str | Path) -> list[str]:
+    """Where a pipeline folder's Python imports stratoflow other than `stratoflow.api`.
+
+    Read, not imported: a module that does not parse is left to the import that reports it.
+
+    Returns:
+        `file:line: module` for each such import, files relative to `folder`, in file order.
+    """
+    root = Path(folder)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+        for node in sorted(imports, key=lambda n: n.lineno):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from stratoflow import api` is the API too.
+                names = {alias.name for alias in node.names}
+                modules = [] if node.module == "stratoflow" and names == {"api"} else [node.module]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(root)}:{node.lineno}: {module}"
+                for module in modules
+                if module.split(".")[0] == "stratoflow" and module != API_MODULE
+            ]
+    return found

@@ -53,7 +53,8 @@ from collections.abc import Sequence
 
 import keras
 
-from stratoflow.config.features import Features, Target
+# stratoflow.api is what pipeline code may import from stratoflow; the rest is the engine's.
+from stratoflow.api import Features, Target
 
 
 def build(

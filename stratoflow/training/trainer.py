@@ -194,7 +194,7 @@ def train(
             epoch_type = (
                 _ParameterServerEpoch
                 if training.strategy == "parameter_server"
-                else _CustomLoopEpoch
+                else CustomLoopEpoch
             )
             run_epoch = epoch_type(
                 strategy,
@@ -205,7 +205,7 @@ def train(
                 steps_per_epoch,
                 objective,
             )
-            if isinstance(run_epoch, _CustomLoopEpoch):
+            if isinstance(run_epoch, CustomLoopEpoch):
                 run_epoch.record_steps = record_steps
         evaluate = _make_evaluator(model, objective)
 
@@ -244,7 +244,7 @@ def train(
             )
             store.save(epoch, metrics)
             result.history.append(metrics.to_dict())
-            if isinstance(run_epoch, _CustomLoopEpoch) and run_epoch.step_losses:
+            if isinstance(run_epoch, CustomLoopEpoch) and run_epoch.step_losses:
                 result.step_losses, run_epoch.record_steps = run_epoch.step_losses, 0
             if (
                 chief and on_epoch_end
@@ -350,7 +350,7 @@ def _make_train_step(strategy: Any, step_fn: Callable[..., Any]) -> Any:
     return train_step
 
 
-class _CustomLoopEpoch:
+class CustomLoopEpoch:
     """One epoch of the custom loop: `strategy.run` per step, losses scaled by the global batch.
 
     The steps run inside one `tf.function` (a `tf.range` loop over the batch iterator, as Keras'
@@ -358,6 +358,10 @@ class _CustomLoopEpoch:
     for the rest of the epoch. No Python runs between steps, which is where a per-step call lost
     time to `fit`; the batches, their order and the number of steps are the same as one call per
     step, and so are the sums (same order of float additions).
+
+    Public for the benchmarks (`benchmarks/in_process.py`), which time this very loop against
+    Keras `fit` and a plain loop: `CustomLoopEpoch(...)(epoch, first_step_done)` runs one epoch
+    and returns its mean loss and its epoch metric (the objective's `metric`).
     """
 
     def __init__(

@@ -387,7 +387,7 @@ def test_start_order(services: dict[str, Any]) -> None:
 
 
 def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> None:
-    from stratoflow.cli.main import _parser
+    from stratoflow.cli.main import build_parser
     from stratoflow.config.clusters import parse_cluster
 
     airflow_clusters = {env_of(services[name])["STRATOFLOW_CLUSTER"] for name in AIRFLOW_SERVICES}
@@ -401,7 +401,7 @@ def test_tf_servers_and_airflow_share_one_cluster(services: dict[str, Any]) -> N
         service = services[name]
         argv = owner_only(name, [*service["entrypoint"], *service["command"]])
         assert argv[:2] == ["stratoflow", "serve"], f"{name}: runs {argv}, not `stratoflow serve`"
-        args = _parser().parse_args(argv[1:])
+        args = build_parser().parse_args(argv[1:])
         assert (args.job, args.index) == (job, index), (
             f"{name}: serves {args.job}:{args.index}, expected {job}:{index}"
         )

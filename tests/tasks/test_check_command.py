@@ -47,6 +47,12 @@ def test_check_fails_broken_pipelines_naming_the_file_and_the_field(
         "shape",
         {"model.py": GOOD_MODEL.replace("Dense(target.num_outputs)", "Dense(3)")},
     )
+    # Passes, with a note: its model reaches past stratoflow.api (written before the API).
+    write_pipeline(
+        team,
+        "internal",
+        {"model.py": "from stratoflow.config.features import Features\n" + GOOD_MODEL},
+    )
     path_before = os.environ.get(discovery.PIPELINES_PATH_ENV)
 
     assert main.main(["check", str(team), str(shape), "digits"]) == 1
@@ -64,9 +70,14 @@ def test_check_fails_broken_pipelines_naming_the_file_and_the_field(
     ], printed
     # The checks after a failed one are skipped; the good pipeline passes beside them.
     assert printed.count("  skip  ") == 3
-    assert printed.count("  ok    ") == 3 + 3 + 4
+    assert printed.count("  ok    ") == 3 + 3 + 4 + 4
+    assert printed.count("note: ") == 1
+    assert (
+        "        note: imports stratoflow past stratoflow.api (works now; only stratoflow.api is "
+        "kept stable): model.py:1: stratoflow.config.features\n"
+    ) in printed
     assert printed.splitlines()[-1] == (
-        "checked 4 pipelines: 1 passed, 3 failed: gate, raising, shape"
+        "checked 5 pipelines: 2 passed, 3 failed: gate, raising, shape"
     )
     assert os.environ.get(discovery.PIPELINES_PATH_ENV) == path_before
 

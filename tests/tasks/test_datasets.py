@@ -134,12 +134,12 @@ def test_rebuild_elsewhere_gives_same_fingerprint_and_built_flags(
     fixture_name, request, tmp_path, caplog
 ):
     from stratoflow.data.datasets import FINGERPRINT_CACHE, fingerprint, prepare_dataset
-    from stratoflow.data.tfds_builders._progress import LOG_EVERY
+    from stratoflow.data.tfds_builders.progress import LOG_EVERY
 
     session_ref = request.getfixturevalue(fixture_name)
     spec = DatasetSpec(name=session_ref.name, version=session_ref.version)
 
-    with caplog.at_level(logging.INFO, logger="stratoflow.data.tfds_builders._progress"):
+    with caplog.at_level(logging.INFO, logger="stratoflow.data.tfds_builders.progress"):
         fresh = prepare_dataset(spec, data_dir=tmp_path)
     assert fresh.built is True
     # The build logs its progress: a line per LOG_EVERY examples of a split, and one at its end.

@@ -1,8 +1,8 @@
 """The shape every bundled builder shares: labelled digit images, split 80/10/10 per class.
 
 A builder names its source (`load_source`), its image shape, split seed, description and
-homepage; this base gives TFDS the features, the splits (`_splits.stratified_split`) and the
-examples (`_progress.split_examples`), so the bundled datasets share one encoding.
+homepage; this base gives TFDS the features, the splits (`stratoflow.data.splits`) and the
+examples (`progress.split_examples`), so the bundled datasets share one encoding.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 import tensorflow_datasets as tfds
 
-from stratoflow.data.tfds_builders._progress import split_examples
-from stratoflow.data.tfds_builders._splits import stratified_split
+from stratoflow.data.splits import stratified_split
+from stratoflow.data.tfds_builders.progress import split_examples
 
 logger = logging.getLogger(__name__)
 
