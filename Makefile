@@ -1,6 +1,6 @@
 # stratoflow: `make run` retrains a pipeline once through Airflow; `make test` runs the tests.
 #   make run PIPELINE=digits CONF='{"strategy": "mirrored", "replicas": 2, "epochs": 3}'
-#   make test PYTEST_ARGS='tests/dags -q'
+#   make test PYTEST_ARGS='tests/unit/test_dags.py -q'
 
 PYTHON ?= python3
 VENV := .venv

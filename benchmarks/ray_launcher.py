@@ -2,10 +2,10 @@
 memory, and the recoveries (a killed worker, a killed host, for both strategies), plus what a
 run does when the Ray head dies.
 
-The Ray cluster is the tests' one (`tests/ray_hosts.py`): a head and two worker hosts as network
-namespaces on this machine. Every run is `tasks.train.train` (the training task's body) started
-on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local` launcher
-runs its members there too and both sides use the same cores. Run alone:
+The Ray cluster is the tests' one (`tests/support/ray_hosts.py`): a head and two worker hosts as
+network namespaces on this machine. Every run is `tasks.train.train` (the training task's body)
+started on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local`
+launcher runs its members there too and both sides use the same cores. Run alone:
 `python -m benchmarks.ray_launcher` prints the figures as JSON.
 """
 
@@ -80,7 +80,7 @@ class _Figures(dict[str, Any]):
 def measure(partial: Path | None = None) -> dict[str, Any]:
     """Every Ray figure of `make bench` (see the module docstring); also written to `partial`
     as they come, if given."""
-    from tests.ray_hosts import HEAD, ray_hosts
+    from tests.support.ray_hosts import HEAD, ray_hosts
 
     figures = _Figures(partial)
     started = time.monotonic()

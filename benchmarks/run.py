@@ -469,7 +469,7 @@ def _ray_lines(ray: dict[str, Any]) -> list[str]:
         "## The ray launcher",
         "",
         "A Ray head and two Ray nodes in network namespaces on this machine "
-        f"(`tests/ray_hosts.py`): up in {ray['ray_start_seconds']:.0f} s, "
+        f"(`tests/support/ray_hosts.py`): up in {ray['ray_start_seconds']:.0f} s, "
         f"{ray['ray_processes']} processes, {ray['ray_memory_mb']:.0f} MB RSS idle (Ray's own "
         f"processes, summed). Each run: the training task's body on the head host, "
         f"{CLUSTER_EPOCHS} epochs of mnist, throughput the median of the epochs after the first.",

@@ -3,6 +3,9 @@
 Everything a test writes goes under one temporary STRATOFLOW_HOME. The TFDS data dir is shared by
 the session so each bundled dataset is built once. The pytest process splits its CPU into two
 logical devices before TensorFlow runs any op, so `mirrored` tests get two replicas in-process.
+
+Where a test lives: one module's in tests/unit/<package path>/test_<module>.py whatever it starts
+(the `integration` marker, not the folder, says so); several parts together in tests/integration/.
 """
 
 from __future__ import annotations
@@ -59,16 +62,16 @@ ALLOWED_SKIPS = {
 SERVICES_PACKAGE = "tests/integration/services"
 SLOWEST_UNITS_FIRST = (
     SERVICES_PACKAGE,  # about 12 minutes
-    "tests/tasks/test_multiprocess.py",
+    "tests/unit/stratoflow/distributed/test_launcher_multiprocess.py",
     "tests/integration/test_ray_hosts.py",
     "tests/integration/test_retrain_dag.py",
     "tests/integration/test_cluster_strategies_dag.py",
     "tests/integration/test_own_pipelines.py",
     "tests/integration/test_stopping_a_run.py",
-    "tests/tasks/test_equivalence.py",
+    "tests/unit/stratoflow/training/test_strategies_equivalence.py",
     "tests/integration/test_benchmark_dag.py",
     "tests/integration/test_standing_cluster.py",
-    "tests/tasks/test_retrain_tasks.py",
+    "tests/unit/test_tasks.py",
 )
 
 
@@ -195,5 +198,5 @@ def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> 
         yield mlflow_runs.client()
 
 
-# Fixtures for tests that start processes (tests/processes.py).
-from tests.processes import child_watcher, private_tmpdir  # noqa: E402, F401
+# Fixtures for tests that start processes (tests/support/processes.py).
+from tests.support.processes import child_watcher, private_tmpdir  # noqa: E402, F401

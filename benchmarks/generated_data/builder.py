@@ -1,8 +1,8 @@
 """`stratoflow_generated`: a TFDS dataset of generated examples, as large as a benchmark needs.
 
 The larger-than-memory case of `make bench` (`benchmarks/run.py`) and the input pipeline's tests
-(`tests/tasks/test_input_pipeline.py`) build it into a temporary data dir. TFDS needs a
-`GeneratorBasedBuilder` to live in a package, hence this one. Two configs:
+(`tests/unit/stratoflow/data/test_input_pipeline.py`) build it into a temporary data dir. TFDS
+needs a `GeneratorBasedBuilder` to live in a package, hence this one. Two configs:
 
 - `bench`: 32x32x3 float32 examples in 0..255 (12 KiB each once decoded), 46,000 training
   examples (539 MiB decoded: more than 4x the 128 MiB cache budget the benchmark trains with);

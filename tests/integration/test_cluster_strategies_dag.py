@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import fresh_mlflow_client
-from tests.processes import cluster_children, leftovers, run_dag
+from tests.support.processes import cluster_children, leftovers, run_dag
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 
 from stratoflow.cli import main
 from stratoflow.config import names, settings
-from tests.images import colour_pixels, png_size
+from tests.support.images import colour_pixels, png_size
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ which `airflow dags test` is given as sentinels); and the bundled
 regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
 with predictions; then both champions served over HTTP by `stratoflow serve-model`. A broken user
 pipeline is tested where Airflow parses it
-(`tests/dags/test_dagbag.py`)."""
+(`tests/unit/test_dags.py`)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,15 @@ import pytest
 
 from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
-from tests.images import write_bar_images
-from tests.processes import ServeModel
-from tests.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, dumps, env_probe, leaked
+from tests.support.images import write_bar_images
+from tests.support.processes import ServeModel
+from tests.support.secret_sentinels import (
+    MLFLOW_ACCOUNT,
+    SECRET_VARIABLES,
+    dumps,
+    env_probe,
+    leaked,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -446,7 +452,7 @@ def test_a_failed_run_ends_naming_the_failing_task_and_its_error(tmp_path: Path,
     import subprocess
     import sys
 
-    from tests.tasks.test_own_code import write_pipeline
+    from tests.unit.stratoflow.training.test_own_code_check import write_pipeline
 
     folder = write_pipeline(
         tmp_path,

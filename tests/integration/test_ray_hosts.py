@@ -1,6 +1,6 @@
 """The mnist pipeline through Airflow with launcher `ray`, its members on several hosts.
 
-The hosts are Linux network namespaces with a Ray node each (`tests/ray_hosts.py`), one Ray
+The hosts are Linux network namespaces with a Ray node each (`tests/support/ray_hosts.py`), one Ray
 cluster for the whole module. The Airflow process (`airflow dags test`, as `make run`) runs on
 the head host, which is a Ray node without CPUs: the members go to the worker hosts. Then a
 parameter-server worker killed mid-run (training goes on, the worker rejoins), a worker host
@@ -27,8 +27,8 @@ from stratoflow.cli import runner
 from stratoflow.config import clusters, names, settings
 from stratoflow.services.airflow_setup import airflow_command
 from tests.conftest import fresh_mlflow_client
-from tests.processes import run_dag
-from tests.ray_hosts import (
+from tests.support.processes import run_dag
+from tests.support.ray_hosts import (
     CLIENT,
     CLIENT_PORT,
     HEAD,
@@ -335,7 +335,7 @@ import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 from stratoflow.distributed import launcher, ray_launcher
 from stratoflow.distributed.cluster import PlannedMember
-plan = [PlannedMember(f"worker {i}", "worker", i, "tests.tasks.echo_program") for i in (0, 1)]
+plan = [PlannedMember(f"worker {i}", "worker", i, "tests.support.echo_program") for i in (0, 1)]
 result = ray_launcher.run_cluster(
     plan, "worker 0", {"value": 1, "announce": True}, address=sys.argv[1],
     placement="strict_spread", restarts=launcher.Restarts(0),

@@ -27,7 +27,7 @@ from stratoflow.cli import main, runner
 from stratoflow.config import names, settings
 from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
-from tests.file_modes import exposed_paths
+from tests.support.file_modes import exposed_paths
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -3,7 +3,8 @@ docker-compose or Kubernetes would), and the TF_CONFIG contract of the entrypoin
 
 A run used the standing servers when the topology its chief recorded (`environment.json`) names
 their addresses and the only training process it started was its coordinator: no local worker
-or ps (`tests.processes.ChildWatcher` sees every process the run started, grandchildren too).
+or ps (`tests.support.processes.ChildWatcher` sees every process the run started, grandchildren
+too).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from stratoflow.distributed import cluster
 from stratoflow.distributed.launcher import READY_MARKER
 from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
-from tests.processes import (
+from tests.support.processes import (
     SERVER_MODULE,
     TRAINING_MODULE,
     ChildWatcher,

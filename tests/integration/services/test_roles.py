@@ -47,7 +47,7 @@ from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
-from tests.processes import STRATOFLOW, ServeModel
+from tests.support.processes import STRATOFLOW, ServeModel
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)

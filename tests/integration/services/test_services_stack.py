@@ -40,9 +40,9 @@ from stratoflow.services.config import (
     SCHEDULER,
 )
 from stratoflow.services.processes import group_members
-from tests.file_modes import exposed_paths
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
-from tests.processes import restorable_epoch
+from tests.support.file_modes import exposed_paths
+from tests.support.processes import restorable_epoch
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from stratoflow.distributed.launcher import (
     run_cluster,
     run_python_module,
 )
-from tests.processes import ECHO_MODULE, cluster_children, kill_during
+from tests.support.processes import ECHO_MODULE, cluster_children, kill_during
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def named(name: str):
 
 def test_a_native_tensorflow_crash_becomes_a_clear_failure():
     with pytest.raises(ChildProcessFailed) as failure:
-        run_python_module("tests.tasks.native_crash_program", {}, name="training process")
+        run_python_module("tests.support.native_crash_program", {}, name="training process")
     message = str(failure.value)
     assert "training process" in message
     assert "crashed with SIGABRT (a native crash inside TensorFlow)" in message

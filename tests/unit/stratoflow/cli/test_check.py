@@ -1,7 +1,8 @@
 """`stratoflow check`: the first task's checks of a pipeline, without Airflow, as CI runs them.
 
 In-process (`main.main`), so TensorFlow is imported once for the module; the broken pipelines
-are the ones of `tests/tasks/test_own_code.py`, written into temporary folders.
+are the ones of `tests/unit/stratoflow/training/test_own_code_check.py`, written into temporary
+folders.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from stratoflow.cli import main
 from stratoflow.config import discovery
-from tests.tasks.test_own_code import GOOD_MODEL, write_pipeline
+from tests.unit.stratoflow.training.test_own_code_check import GOOD_MODEL, write_pipeline
 
 
 def test_check_passes_a_bundled_pipeline_with_a_line_per_check(

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from stratoflow.distributed import launcher
-from tests.processes import ECHO_MODULE
-from tests.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, leaked
+from tests.support.processes import ECHO_MODULE
+from tests.support.secret_sentinels import MLFLOW_ACCOUNT, SECRET_VARIABLES, leaked
 
 NEEDED = {
     "PATH": "/usr/local/bin:/usr/bin",

@@ -27,7 +27,7 @@ from stratoflow.config import names
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import load_spec, parse_spec
 from tasks.run_context import AirflowRun
-from tests.images import write_bar_images
+from tests.support.images import write_bar_images
 
 DIGITS_SPEC = """\
 description: a user's pipeline on the digits
@@ -217,7 +217,7 @@ def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
 
     from stratoflow.cli import main
     from tasks import prepare
-    from tests.secret_sentinels import (
+    from tests.support.secret_sentinels import (
         MLFLOW_ACCOUNT,
         SECRET_VARIABLES,
         dumps,

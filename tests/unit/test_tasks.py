@@ -21,8 +21,8 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.config.parsing import SpecError
 from tasks.run_context import AirflowRun
-from tests.images import png_size
-from tests.processes import restorable_epoch
+from tests.support.images import png_size
+from tests.support.processes import restorable_epoch
 
 
 def through_xcom(result):

@@ -18,7 +18,7 @@ import pytest
 from stratoflow.config import names, settings
 from stratoflow.config.spec import ModelSpec, load_spec
 from tasks.run_context import AirflowRun
-from tests.processes import (
+from tests.support.processes import (
     cluster_children,
     kill_during,
     leftovers,
@@ -55,7 +55,8 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
 
     run = new_run("digits")
     # Streamed (cache budget 0): the workers read the files themselves, each epoch. The cached
-    # input under these strategies is what the fault tests below and test_equivalence.py train on.
+    # input under these strategies is what the fault tests below and
+    # test_strategies_equivalence.py train on.
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 4, "cache_budget_mb": 0}
     prepared = prepare.prepare("digits", params, run)
     trained = train.train(run, prepared)
@@ -292,7 +293,7 @@ def test_a_port_clash_at_start_up_is_retried_with_fresh_ports(tf_runtime):
         return [
             launcher.Member("ps 0", "stratoflow.distributed.server", env, server=True),
             # Outlives the ps's start-up, so a clash is seen before the result is in.
-            launcher.Member("result", "tests.tasks.echo_program"),
+            launcher.Member("result", "tests.support.echo_program"),
         ]
 
     try:

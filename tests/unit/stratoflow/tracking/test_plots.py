@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stratoflow.tracking import plots
-from tests.images import PNG_SIGNATURE, colour_pixels
+from tests.support.images import PNG_SIGNATURE, colour_pixels
 
 
 def history(epochs: int, offset: float = 0.0) -> list[dict[str, float]]:

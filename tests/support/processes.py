@@ -28,7 +28,7 @@ from stratoflow.config import names
 
 TRAINING_MODULE = "stratoflow.training.worker"
 SERVER_MODULE = "stratoflow.distributed.server"
-ECHO_MODULE = "tests.tasks.echo_program"
+ECHO_MODULE = "tests.support.echo_program"
 # The first task's child: the pipeline's dataset builder and the own-code check.
 OWN_CODE_CHECK_MODULE = "stratoflow.training.own_code_check"
 CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE, OWN_CODE_CHECK_MODULE)

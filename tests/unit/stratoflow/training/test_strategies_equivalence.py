@@ -11,7 +11,7 @@ The models are the bundled ones without Dropout: each replica draws its own drop
 one_device and mirrored would legitimately differ), and central_storage refuses Dropout. mnist's
 CNN has none; digits' MLP is trained with `dropout: 0`. The in-process strategies run in the
 pytest process (two logical CPUs, see `tf_runtime`); multi_worker_mirrored is one cluster launch
-that trains both models for every seed (tests/tasks/step_losses_program.py).
+that trains both models for every seed (tests/support/step_losses_program.py).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, i
 
     def members() -> list[launcher.Member]:
         return [
-            dataclasses.replace(member, module="tests.tasks.step_losses_program")
+            dataclasses.replace(member, module="tests.support.step_losses_program")
             for member in build_members()
         ]
 

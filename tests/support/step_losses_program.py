@@ -1,9 +1,10 @@
 """One multi-worker process that trains each run it is given and records per-step losses.
 
-`python -m tests.tasks.step_losses_program PAYLOAD RESULT`, started by the launcher as every
-member of a multi_worker_mirrored cluster (see tests/tasks/test_equivalence.py). A process can
-make a multi-worker strategy only once, so one launch covers every model and seed: the strategy
-is made once and handed to `stratoflow.training.trainer.train` for each run.
+`python -m tests.support.step_losses_program PAYLOAD RESULT`, started by the launcher as every
+member of a multi_worker_mirrored cluster (see
+tests/unit/stratoflow/training/test_strategies_equivalence.py). A process can make a multi-worker
+strategy only once, so one launch covers every model and seed: the strategy is made once and
+handed to `stratoflow.training.trainer.train` for each run.
 
 Payload: `record_steps` and `runs`, a list of `{"pipeline", "dataset", "config", "run_dir"}`.
 Result: `{"runs": [...]}`, one `{"step_losses", "model_path", "num_replicas", "num_workers"}`

@@ -527,7 +527,8 @@ def test_new_pipeline_writes_a_folder_that_loads(
     spec = resolve_run("mine", {})
     assert spec.registered_model == "mine"
     assert spec.folder == str(tmp_path / "mine")
-    # Its own code and data are checked in tests/tasks/test_own_code.py (TensorFlow).
+    # Its own code and data are checked in (TensorFlow):
+    # tests/unit/stratoflow/training/test_own_code_check.py.
     # Written once: a second time is refused.
     assert main.main(["new-pipeline", "mine", "--dir", str(tmp_path)]) == 1
     assert "exists already; choose another name or --dir" in caplog.text
