@@ -343,11 +343,14 @@ def _stop(
     what = f"Stopped by {name}: killed airflow dags test (pid {record.pid})" + (
         f" and the {killed} process(es) it had started" if killed else ""
     )
-    latest = airflow_runs.overview(env, dag_id).latest
-    if latest is None or latest[0] == previous:
+    try:
+        failed = airflow_runs.fail_newest(env, dag_id, unless=previous)
+    except AirflowRunsError as error:
+        return RunStopped(f"{what}; its DAG run could not be marked failed ({error}).", signum)
+    if failed is None:
         return RunStopped(f"{what} before it created a DAG run.", signum)
-    run_id = latest[0]
-    ended = _end_dag_run(env, dag_id, run_id)
+    run_id, interrupted = failed
+    ended = _kill_mlflow_runs(dag_id, run_id, _marked(interrupted))
     return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
 
 
@@ -416,11 +419,18 @@ def _forget_dead(home: Path) -> None:
 def _end_dag_run(env: Mapping[str, str], dag_id: str, run_id: str) -> str:
     """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say what."""
     try:
-        interrupted = airflow_runs.mark_failed(env, dag_id, run_id)
+        said = _marked(airflow_runs.mark_failed(env, dag_id, run_id))
     except AirflowRunsError as error:
         said = f"could not be marked failed ({error})"
-    else:
-        said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+    return _kill_mlflow_runs(dag_id, run_id, said)
+
+
+def _marked(interrupted: list[str]) -> str:
+    return "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+
+
+def _kill_mlflow_runs(dag_id: str, run_id: str, said: str) -> str:
+    """End the DAG run's MLflow runs KILLED; `said` (what happened in Airflow) and what did."""
     try:
         from tasks.clean_up import clean_up_stopped_run
         from tasks.run_context import AirflowRun

@@ -61,6 +61,20 @@ def mark_failed(env: Mapping[str, str], dag_id: str, run_id: str) -> list[str]:
     return [str(task) for task in _call(env, "mark_failed", dag_id, run_id)]
 
 
+def fail_newest(
+    env: Mapping[str, str], dag_id: str, unless: str | None
+) -> tuple[str, list[str]] | None:
+    """Mark the newest run of `dag_id` failed, unless it is run `unless` (one made before).
+
+    One Airflow start instead of two: a stopped `stratoflow run` waits for it.
+
+    Returns:
+        (its run id, the task ids that were running), or None when there is no newer run.
+    """
+    answer = _call(env, "fail_newest", dag_id, unless or "")
+    return None if answer is None else (str(answer[0]), [str(t) for t in answer[1]])
+
+
 def _call(env: Mapping[str, str], operation: str, *args: str, **kwargs: str) -> Any:
     with tempfile.TemporaryDirectory(prefix="stratoflow-airflow-") as folder:
         answer = Path(folder) / "answer.json"
@@ -149,10 +163,18 @@ def _mark_failed(dag_id: str, run_id: str) -> list[str]:
         return [ti.task_id for ti in killed]
 
 
+def _fail_newest(dag_id: str, unless: str) -> list[Any] | None:
+    newest = _overview(dag_id)["latest"]
+    if newest is None or newest[0] == unless:
+        return None
+    return [newest[0], _mark_failed(dag_id, newest[0])]
+
+
 _OPERATIONS: dict[str, Callable[..., Any]] = {
     "overview": _overview,
     "failed_tasks": _failed_tasks,
     "mark_failed": _mark_failed,
+    "fail_newest": _fail_newest,
 }
 
 
