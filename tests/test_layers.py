@@ -68,3 +68,42 @@ def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
     result = lint_imports(copy_of_the_code)
     assert result.returncode == 1
     assert "No import cycles" in result.stdout and "BROKEN" in result.stdout
+
+
+# What a pipeline predicts is written `task:` in `pipeline.yaml`; these two mirror that key.
+PROBLEM_TYPE_MIRRORS = {
+    ("stratoflow/config/spec.py", "PipelineSpec"),
+    ("stratoflow/config/features.py", "Target"),
+}
+
+
+def test_task_means_an_airflow_task_in_the_engines_own_names() -> None:
+    """README, "Words": a `task` is an Airflow task; classification or regression is a problem
+    type, named so everywhere but the two mirrors of the `task:` key of `pipeline.yaml`."""
+    import ast
+
+    found = []
+    for package in ("stratoflow", "tasks", "dags"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            tree = ast.parse(path.read_text(), where)
+            mirrors = {name for file, name in PROBLEM_TYPE_MIRRORS if file == where}
+            mirrored = {
+                id(node)
+                for cls in ast.walk(tree)
+                if isinstance(cls, ast.ClassDef) and cls.name in mirrors
+                for node in ast.walk(cls)
+            }
+            for node in ast.walk(tree):
+                if id(node) in mirrored:
+                    continue
+                if isinstance(node, ast.arg) and node.arg == "task":
+                    found.append(f"{where}:{node.lineno} argument `task`")
+                elif isinstance(node, ast.keyword) and node.arg == "task":
+                    found.append(f"{where}:{node.lineno} keyword `task=`")
+                elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "task":
+                    found.append(f"{where}:{node.lineno} field `task`")
+                elif isinstance(node, ast.Assign) and "classification" in ast.unparse(node.value):
+                    named = [ast.unparse(t) for t in node.targets if "TASK" in ast.unparse(t)]
+                    found += [f"{where}:{node.lineno} constant `{n}`" for n in named]
+    assert found == []
