@@ -227,7 +227,10 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
             exception each one raised, read from the output of `airflow dags test`).
         RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
     """
-    before = _overview(home, env, dag_id)
+    try:
+        before = _overview(home, env, dag_id)
+    except AirflowRunsError as error:
+        raise RunError(str(error)) from None
     _end_orphaned_runs(home, env, before.running)
     previous = before.latest[0] if before.latest else None
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
@@ -264,7 +267,10 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         copier.join(OUTPUT_DRAIN_SECONDS)
         record_path.unlink(missing_ok=True)
     # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
-    latest = airflow_runs.overview(env, dag_id).latest
+    try:
+        latest = airflow_runs.overview(env, dag_id).latest
+    except AirflowRunsError as error:
+        raise RunError(f"airflow dags test exited {returncode}, then {error}") from None
     run = latest if latest and latest[0] != previous else None
     if returncode or run is None or run[1] != "success":
         raise RunError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,9 @@ def test_a_running_dags_test_is_still_known_after_a_wall_clock_step(tmp_path: Pa
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         path = runner.remember_dags_test(tmp_path, ManagedProcess.started(process))
+        # Only its owner may read or forge a record (a forged one would keep a dead run "live").
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         record = json.loads(path.read_text())
         # As written before the clock went 30 s on: the live create_time is now 30 s later.
         path.write_text(json.dumps({**record, "create_time": record["create_time"] - 30.0}))
