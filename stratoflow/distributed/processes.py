@@ -119,12 +119,26 @@ def _tree(process: ManagedProcess) -> list[Any]:
     if process.is_alive():
         with contextlib.suppress(psutil.NoSuchProcess):
             roots.append(psutil.Process(process.pid))
+    elif _runs(process.pid):
+        # Another process has its PID now. Linux reuses no PID still naming a process group,
+        # so nothing of the old group is left, and the new process's group is not ours.
+        return []
     roots.extend(group_members(process.pid, exclude={r.pid for r in roots}))
     for root in roots:
         members[root.pid] = root
         with contextlib.suppress(psutil.NoSuchProcess):
             members.update((c.pid, c) for c in root.children(recursive=True))
     return list(members.values())
+
+
+def _runs(pid: int) -> bool:
+    """Some process that is not a zombie has PID `pid`."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _wait_gone(process: ManagedProcess, members: list[Any], seconds: float) -> None:

@@ -92,3 +92,19 @@ def test_stopping_a_tree_also_stops_what_a_worker_started_while_shutting_down(
     finally:
         for pid in alive_after([int(helper_file.read_text())] if helper_file.exists() else [], 0):
             psutil.Process(pid).kill()
+
+
+def test_a_stale_record_stops_nothing_when_its_pid_is_another_process_now() -> None:
+    """`services down` after a reboot or a crash: the recorded PID may name an unrelated group
+    leader by now. Neither it nor its group is touched."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    try:
+        now = ManagedProcess.started(other)
+        assert now.seconds_after_boot is not None  # Linux, as on the test hosts
+        earlier = ManagedProcess(other.pid, now.create_time - 5, now.seconds_after_boot - 5)
+        assert stop_tree(earlier, "stale record", grace_seconds=0.5) == 0
+        time.sleep(0.5)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
