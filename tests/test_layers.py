@@ -88,3 +88,42 @@ def test_the_engine_importing_a_benchmark_breaks_the_layers(copy_of_the_code: Pa
     # The benchmarks sit above the engine: the CLI may not reach up into them.
     add_function_local_import(copy_of_the_code / "stratoflow/cli/tables.py", "benchmarks.run")
     assert_broken(copy_of_the_code, "One-way layers", "stratoflow.cli.tables -> benchmarks.run")
+
+
+# What a pipeline predicts is written `task:` in `pipeline.yaml`; these two mirror that key.
+PROBLEM_TYPE_MIRRORS = {
+    ("stratoflow/config/spec.py", "PipelineSpec"),
+    ("stratoflow/config/features.py", "Target"),
+}
+
+
+def test_task_means_an_airflow_task_in_the_engines_own_names() -> None:
+    """README, "Words": a `task` is an Airflow task; classification or regression is a problem
+    type, named so everywhere but the two mirrors of the `task:` key of `pipeline.yaml`."""
+    import ast
+
+    found = []
+    for package in ("stratoflow", "tasks", "dags"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            where = str(path.relative_to(ROOT))
+            tree = ast.parse(path.read_text(), where)
+            mirrors = {name for file, name in PROBLEM_TYPE_MIRRORS if file == where}
+            mirrored = {
+                id(node)
+                for cls in ast.walk(tree)
+                if isinstance(cls, ast.ClassDef) and cls.name in mirrors
+                for node in ast.walk(cls)
+            }
+            for node in ast.walk(tree):
+                if id(node) in mirrored:
+                    continue
+                if isinstance(node, ast.arg) and node.arg == "task":
+                    found.append(f"{where}:{node.lineno} argument `task`")
+                elif isinstance(node, ast.keyword) and node.arg == "task":
+                    found.append(f"{where}:{node.lineno} keyword `task=`")
+                elif isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "task":
+                    found.append(f"{where}:{node.lineno} field `task`")
+                elif isinstance(node, ast.Assign) and "classification" in ast.unparse(node.value):
+                    named = [ast.unparse(t) for t in node.targets if "TASK" in ast.unparse(t)]
+                    found += [f"{where}:{node.lineno} constant `{n}`" for n in named]
+    assert found == []

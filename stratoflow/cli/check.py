@@ -157,7 +157,7 @@ def _dataset(spec: PipelineSpec, state: dict[str, Any]) -> str:
     from stratoflow.data.datasets import prepare_dataset
 
     # The first task's own call: what it refuses, this refuses (see `tasks.prepare.prepare`).
-    reference = prepare_dataset(spec.dataset, folder=spec.folder or None, task=spec.task)
+    reference = prepare_dataset(spec.dataset, folder=spec.folder or None, problem_type=spec.task)
     state["dataset"] = reference
     sizes = ", ".join(f"{role} {size}" for role, size in reference.split_sizes.items())
     where = reference.image_folder or reference.data_dir

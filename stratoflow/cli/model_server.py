@@ -21,8 +21,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from stratoflow.cli.runner import Stopped, ignoring_stop_signals, kill_tree, stop_on_signals
+from stratoflow.cli.runner import Stopped, ignoring_stop_signals, stop_on_signals
 from stratoflow.config.parsing import SpecError
+from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
 from stratoflow.tracking import model_serving
 from stratoflow.tracking.model_serving import HOST, ModelVersionToServe, ServingError, Usage
 
@@ -77,8 +78,6 @@ def _serve(pipeline: str, alias: str, port: int, workers: int) -> int:
 def _run_server(
     model: ModelVersionToServe, model_dir: Path, usage: Usage, port: int, workers: int
 ) -> int:
-    from stratoflow.distributed.launcher import die_with_parent
-
     argv, env = model_serving.scoring_server_command(model_dir, port, workers)
     url = f"http://{HOST}:{port}"
     log.info("Starting MLflow's scoring server for %s on %s: %s", model.uri, url, shlex.join(argv))
@@ -98,7 +97,9 @@ def _run_server(
         code = process.wait()
     except Stopped as stopped:
         with ignoring_stop_signals():
-            stopped_workers = kill_tree(process, grace=STOP_GRACE_SECONDS)
+            stopped_workers = stop_tree(
+                ManagedProcess.started(process), "scoring server", STOP_GRACE_SECONDS
+            )
         log.info(
             "Stopped by %s: the scoring server (pid %d) and its %d child process(es) ended.",
             stopped,
@@ -108,7 +109,7 @@ def _run_server(
         return 128 + stopped.signum
     except BaseException:
         with ignoring_stop_signals():
-            kill_tree(process, grace=STOP_GRACE_SECONDS)
+            stop_tree(ManagedProcess.started(process), "scoring server", STOP_GRACE_SECONDS)
         raise
     raise ServingError(f"the scoring server ended by itself (exit code {code}); its log is above")
 

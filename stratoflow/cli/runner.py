@@ -17,13 +17,10 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,9 @@ from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.config.training import validate_params
+from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
+from stratoflow.services import airflow_runs
+from stratoflow.services.airflow_runs import AirflowRunsError
 from stratoflow.services.airflow_setup import (
     AirflowSetupError,
     airflow_command,
@@ -41,17 +41,17 @@ from stratoflow.services.airflow_setup import (
     airflow_home,
     ensure_airflow_db,
 )
-from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_state_folder
+from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder, private_state_folder
+from stratoflow.services.state_files import write_private
 from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
 
 # The signals that stop a local run cleanly (Ctrl-C, and what `kill`, systemd or CI send).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# Task instance states: as Airflow marks a DAG run failed by hand (`mark_tasks.py`), the running
-# ones become failed, the unfinished ones skipped.
-RUNNING_TI_STATES = ("running", "deferred", "up_for_reschedule", "awaiting_input")
-FINISHED_TI_STATES = ("success", "failed", "skipped", "upstream_failed", "removed")
+# In the Airflow home: a record (PID and start) of each `airflow dags test` the runner started,
+# so that a later run knows whether it still runs, whatever the wall clock did meanwhile.
+DAGS_TEST_RECORDS = "dags-test-processes"
 # How long the output copier may go on after `airflow dags test` exited (its pipe may still be
 # held open by a process it left behind).
 OUTPUT_DRAIN_SECONDS = 10.0
@@ -219,18 +219,20 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     included), marks the DAG run failed in the metadata DB, ends its MLflow runs KILLED and
     raises `RunStopped`. If this process is SIGKILLed, `airflow dags test` gets SIGKILL too
     (`PR_SET_PDEATHSIG`; its training processes die with it the same way), and the next call
-    finishes off what it left running (`reconcile_orphaned_runs`).
+    finishes off what it left running (`reconcile_orphaned_runs`). The DAG runs are read and
+    marked through Airflow's own API (`stratoflow.services.airflow_runs`).
 
     Raises:
         RunError: the DAG run failed or was not created (names the failed tasks and, last, the
             exception each one raised, read from the output of `airflow dags test`).
         RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
     """
-    from stratoflow.distributed.launcher import die_with_parent
-
-    db = home / "airflow.db"
-    reconcile_orphaned_runs(db)
-    previous = _latest_run(db, dag_id)
+    try:
+        before = _overview(home, env, dag_id)
+    except AirflowRunsError as error:
+        raise RunError(str(error)) from None
+    _end_orphaned_runs(home, env, before.running)
+    previous = before.latest[0] if before.latest else None
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
     log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
     # Its stdout (Airflow's log, where a task's exception is) is copied to ours as it comes,
@@ -247,6 +249,8 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         umask=OWNER_ONLY_UMASK,  # what the run writes is its owner's only
         preexec_fn=die_with_parent(signal.SIGKILL),
     )
+    record = ManagedProcess.started(process)
+    record_path = remember_dags_test(home, record)
     reader = TaskFailureReader()
     copier = threading.Thread(
         target=_copy_output, args=(process, reader), name="dags-test-output", daemon=True
@@ -257,16 +261,20 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     except KeyboardInterrupt as interrupt:
         signum = getattr(interrupt, "signum", signal.SIGINT)
         with _handling(STOP_SIGNALS, signal.SIG_IGN):  # a 2nd Ctrl-C must not cut the clean-up
-            raise _stop(process, dag_id, db, previous, signum) from None
+            raise _stop(record, dag_id, env, previous, signum) from None
     finally:
         # A process it left behind may hold the pipe open: do not wait for it for long.
         copier.join(OUTPUT_DRAIN_SECONDS)
+        record_path.unlink(missing_ok=True)
     # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
-    latest = _latest_run(db, dag_id)
-    run = latest if latest and latest != previous else None
+    try:
+        latest = airflow_runs.overview(env, dag_id).latest
+    except AirflowRunsError as error:
+        raise RunError(f"airflow dags test exited {returncode}, then {error}") from None
+    run = latest if latest and latest[0] != previous else None
     if returncode or run is None or run[1] != "success":
         raise RunError(
-            _failure_message(dag_id, returncode, db, run, reader.failures),
+            _failure_message(dag_id, returncode, env, run, reader.failures),
             run_id=run[0] if run else None,
         )
     return run[0]
@@ -295,7 +303,7 @@ def _write_all(fd: int, data: bytes) -> None:
 def _failure_message(
     dag_id: str,
     returncode: int,
-    db: Path,
+    env: Mapping[str, str],
     run: tuple[str, str] | None,
     failures: Mapping[str, TaskFailure],
 ) -> str:
@@ -305,7 +313,7 @@ def _failure_message(
             f"No DAG run of {dag_id} was created (airflow dags test exit code {returncode}); "
             "its output is above."
         )
-    states = _failed_tasks(db, dag_id, run[0])
+    states = _failed_tasks(env, dag_id, run[0])
     failed = [task for task, state in states if state == "failed"]
     upstream = [task for task, state in states if state == "upstream_failed"]
     # A task that failed in the output but not in the DB (it could not be read) still counts.
@@ -330,110 +338,105 @@ def _failure_message(
 
 
 def _stop(
-    process: subprocess.Popen[bytes],
+    record: ManagedProcess,
     dag_id: str,
-    db: Path,
-    previous: tuple[str, str] | None,
+    env: Mapping[str, str],
+    previous: str | None,
     signum: int,
 ) -> RunStopped:
     name = signal.Signals(signum).name
-    killed = kill_tree(process)
-    what = f"Stopped by {name}: killed airflow dags test (pid {process.pid})" + (
+    killed = stop_tree(record, "airflow dags test")
+    what = f"Stopped by {name}: killed airflow dags test (pid {record.pid})" + (
         f" and the {killed} process(es) it had started" if killed else ""
     )
-    latest = _latest_run(db, dag_id)
-    if latest is None or (previous is not None and latest[0] == previous[0]):
+    try:
+        failed = airflow_runs.fail_newest(env, dag_id, unless=previous)
+    except AirflowRunsError as error:
+        return RunStopped(f"{what}; its DAG run could not be marked failed ({error}).", signum)
+    if failed is None:
         return RunStopped(f"{what} before it created a DAG run.", signum)
-    run_id = latest[0]
-    ended = _end_dag_run(db, dag_id, run_id)
+    run_id, interrupted = failed
+    ended = _kill_mlflow_runs(dag_id, run_id, _marked(interrupted))
     return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
 
 
-def kill_tree(process: subprocess.Popen[Any], grace: float = 0) -> int:
-    """SIGKILL `process` and every process below it; return how many descendants it had.
-
-    `process` leads its own process group (`process_group=0`). With `grace`, the group gets
-    SIGTERM first and `grace` seconds to end by itself (a server's clean shutdown); what is left
-    then is killed. `airflow dags test` gets no grace: on SIGTERM Airflow would fail the running
-    task and then retry it (the spec's retries). Training writes a checkpoint per epoch, and the
-    stopped run's folder is removed anyway.
-    """
-    import psutil
-
-    try:
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    if grace:
-        deadline = time.monotonic() + grace
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(grace)
-        psutil.wait_procs(descendants, timeout=max(0.0, deadline - time.monotonic()))
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)  # its group: the processes it started
-    for child in descendants:  # and any that left the group
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    process.wait()
-    psutil.wait_procs(descendants, timeout=10)
-    return len(descendants)
-
-
-def reconcile_orphaned_runs(db: Path) -> list[str]:
-    """Fail the DAG runs of Airflow home DB `db` that a killed `airflow dags test` left running.
+def reconcile_orphaned_runs(home: Path) -> list[str]:
+    """Fail the DAG runs of Airflow home `home` that a killed `airflow dags test` left running.
 
     The local runner has no scheduler to notice: a DAG run is orphaned when it is "running" and
     none of its task instances' processes (`task_instance.pid`, set by `airflow dags test`) is
-    alive any more. Each is marked failed, its MLflow runs KILLED (one log line per run).
+    one the runner started and still running (`DAGS_TEST_RECORDS`). Each is marked failed, its
+    MLflow runs KILLED (one log line per run).
 
     Returns:
         The run ids it marked failed.
     """
-    if not db.is_file():
-        return []
-    with _connect(db) as connection:
-        rows = connection.execute(
-            "SELECT dr.dag_id, dr.run_id, ti.pid, ti.start_date FROM dag_run dr "
-            "JOIN task_instance ti ON ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id "
-            "WHERE dr.state = 'running' AND ti.pid IS NOT NULL"
-        ).fetchall()
-    processes: dict[tuple[str, str], list[bool]] = {}
-    for dag_id, run_id, pid, start_date in rows:
-        processes.setdefault((dag_id, run_id), []).append(_alive_since(pid, start_date))
-    orphaned = [run for run, alive in processes.items() if not any(alive)]
+    env = airflow_env(home)
+    return _end_orphaned_runs(home, env, _overview(home, env, "").running)
+
+
+def _overview(home: Path, env: Mapping[str, str], dag_id: str) -> airflow_runs.Overview:
+    if not (home / "airflow.db").is_file():
+        return airflow_runs.Overview(latest=None, running={})
+    return airflow_runs.overview(env, dag_id)
+
+
+def _end_orphaned_runs(
+    home: Path, env: Mapping[str, str], running: Mapping[tuple[str, str], list[int]]
+) -> list[str]:
+    orphaned = [
+        run for run, pids in running.items() if not any(is_running_dags_test(home, p) for p in pids)
+    ]
     for dag_id, run_id in orphaned:
         log.warning(
             "DAG run %s of %s was left running by a killed stratoflow run: %s",
             run_id,
             dag_id,
-            _end_dag_run(db, dag_id, run_id),
+            _end_dag_run(env, dag_id, run_id),
         )
+    _forget_dead(home)
     return [run_id for _, run_id in orphaned]
 
 
-def _alive_since(pid: int, start_date: str | None) -> bool:
-    """Whether process `pid` is alive and is the one that started a task at `start_date`."""
-    import psutil
+def remember_dags_test(home: Path, record: ManagedProcess) -> Path:
+    """Record an `airflow dags test` this runner started (removed when it has ended)."""
+    path = private_folder(home / DAGS_TEST_RECORDS) / f"{record.pid}.json"
+    write_private(path, record.to_dict())
+    return path
 
+
+def is_running_dags_test(home: Path, pid: int) -> bool:
+    """Whether `pid` is an `airflow dags test` this runner started and is still running (not a
+    later process reusing its PID). A PID the runner has no record of is not its own."""
+    path = home / DAGS_TEST_RECORDS / f"{pid}.json"
     try:
-        process = psutil.Process(pid)
-        started = process.create_time()
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.Error:
+        return ManagedProcess.from_dict(json.loads(path.read_text())).is_alive()
+    except (OSError, ValueError, KeyError):
         return False
-    if not start_date:
-        return True
-    task_started = datetime.fromisoformat(start_date).replace(tzinfo=UTC).timestamp()
-    return started <= task_started + 1  # a later process reuses the pid of a dead one
 
 
-def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
+def _forget_dead(home: Path) -> None:
+    """Remove the records of `airflow dags test` processes that have ended (a killed runner's)."""
+    for path in (home / DAGS_TEST_RECORDS).glob("*.json"):
+        if not is_running_dags_test(home, int(path.stem)):
+            path.unlink(missing_ok=True)
+
+
+def _end_dag_run(env: Mapping[str, str], dag_id: str, run_id: str) -> str:
     """Mark a DAG run whose processes are dead failed, end its MLflow runs KILLED; say what."""
-    interrupted = _mark_dag_run_failed(db, dag_id, run_id)
-    said = "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+    try:
+        said = _marked(airflow_runs.mark_failed(env, dag_id, run_id))
+    except AirflowRunsError as error:
+        said = f"could not be marked failed ({error})"
+    return _kill_mlflow_runs(dag_id, run_id, said)
+
+
+def _marked(interrupted: list[str]) -> str:
+    return "marked failed" + (f" ({', '.join(interrupted)} was running)" if interrupted else "")
+
+
+def _kill_mlflow_runs(dag_id: str, run_id: str, said: str) -> str:
+    """End the DAG run's MLflow runs KILLED; `said` (what happened in Airflow) and what did."""
     try:
         from tasks.clean_up import clean_up_stopped_run
         from tasks.run_context import AirflowRun
@@ -446,46 +449,6 @@ def _end_dag_run(db: Path, dag_id: str, run_id: str) -> str:
     if not ended:
         return f"{said}; it had no MLflow run in progress"
     return f"{said}, MLflow run{'s' if len(ended) > 1 else ''} {', '.join(ended)} marked KILLED"
-
-
-def _mark_dag_run_failed(db: Path, dag_id: str, run_id: str) -> list[str]:
-    """As Airflow's "mark failed": running task instances failed, unfinished ones skipped.
-
-    Only for a DAG run whose processes are dead: nothing else writes to it any more.
-
-    Returns:
-        The task ids that were running.
-    """
-    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-    key = {"dag_id": dag_id, "run_id": run_id, "now": now}
-    running = ", ".join(f"'{state}'" for state in RUNNING_TI_STATES)
-    finished = ", ".join(f"'{state}'" for state in (*RUNNING_TI_STATES, *FINISHED_TI_STATES))
-    with contextlib.closing(sqlite3.connect(db, timeout=30)) as connection, connection:
-        interrupted = [
-            task_id
-            for (task_id,) in connection.execute(
-                f"SELECT task_id FROM task_instance WHERE dag_id = :dag_id AND run_id = :run_id "
-                f"AND state IN ({running}) ORDER BY start_date",
-                key,
-            )
-        ]
-        connection.execute(
-            f"UPDATE task_instance SET state = 'failed', end_date = :now, duration = "
-            f"(julianday(:now) - julianday(start_date)) * 86400 WHERE dag_id = :dag_id AND "
-            f"run_id = :run_id AND state IN ({running})",
-            key,
-        )
-        connection.execute(
-            f"UPDATE task_instance SET state = 'skipped', end_date = :now WHERE dag_id = :dag_id "
-            f"AND run_id = :run_id AND (state IS NULL OR state NOT IN ({finished}))",
-            key,
-        )
-        connection.execute(
-            "UPDATE dag_run SET state = 'failed', end_date = :now "
-            "WHERE dag_id = :dag_id AND run_id = :run_id",
-            key,
-        )
-    return interrupted
 
 
 @contextlib.contextmanager
@@ -517,36 +480,15 @@ def _pipeline_of(dag_id: str) -> str:
     return dag_id
 
 
-def _latest_run(db: Path, dag_id: str) -> tuple[str, str] | None:
-    if not db.is_file():
-        return None
-    with _connect(db) as connection:
-        row = connection.execute(
-            "SELECT run_id, state FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
-            (dag_id,),
-        ).fetchone()
-    return (row[0], row[1]) if row else None
-
-
-def _failed_tasks(db: Path, dag_id: str, run_id: str) -> list[tuple[str, str]]:
+def _failed_tasks(env: Mapping[str, str], dag_id: str, run_id: str) -> list[tuple[str, str]]:
     """(task instance, state) of the run's failed and upstream-failed task instances, as they
     ran; a task instance is named as `task_failures.task_label` names it."""
     try:
-        with _connect(db) as connection:
-            rows = connection.execute(
-                "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ? AND "
-                "run_id = ? AND state IN ('failed', 'upstream_failed') "
-                "ORDER BY start_date, priority_weight DESC, task_id, map_index",
-                (dag_id, run_id),
-            ).fetchall()
-    except sqlite3.Error as error:
+        rows = airflow_runs.failed_tasks(env, dag_id, run_id)
+    except AirflowRunsError as error:
         log.warning("Could not read the task states of DAG run %s: %s", run_id, error)
         return []
-    return [(task_label(str(task), int(index)), str(state)) for task, index, state in rows]
-
-
-def _connect(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    return [(task_label(task, index), state) for task, index, state in rows]
 
 
 def _print_summary(pipeline: str, run_id: str) -> int:
@@ -641,7 +583,3 @@ def format_summary(pipeline: str, run_id: str, summary: Mapping[str, Any]) -> st
 
 def _number(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])

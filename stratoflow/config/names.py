@@ -61,10 +61,10 @@ ERROR_TAG = "stratoflow.error"
 NODES_ENV = "STRATOFLOW_NODES"
 
 # MLflow metrics logged once per epoch (training runs and strategy benchmark children), for a
-# classification pipeline; a pipeline's task decides the epoch metric (`epoch_metric`).
+# classification pipeline; a pipeline's problem type decides the epoch metric (`epoch_metric`).
 EPOCH_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy", "examples_per_second")
 # The epoch metric of each task: `<metric>` on the training batches, `val_<metric>` on validation.
-TASK_EPOCH_METRICS = {"classification": "accuracy", "regression": "mae"}
+EPOCH_METRIC_OF_PROBLEM_TYPE = {"classification": "accuracy", "regression": "mae"}
 
 # MLflow artifacts of a retrain run.
 CONFIG_JSON_ARTIFACT = "config.json"
@@ -115,12 +115,12 @@ def experiment_name(pipeline: str) -> str:
     return f"stratoflow/{pipeline}"
 
 
-def epoch_metric(task: str) -> str:
-    """The epoch metric of a pipeline's task: `accuracy` (classification), `mae` (regression)."""
-    return TASK_EPOCH_METRICS[task]
+def epoch_metric(problem_type: str) -> str:
+    """The epoch metric of a problem type: `accuracy` (classification), `mae` (regression)."""
+    return EPOCH_METRIC_OF_PROBLEM_TYPE[problem_type]
 
 
-def epoch_metrics(task: str) -> tuple[str, ...]:
+def epoch_metrics(problem_type: str) -> tuple[str, ...]:
     """The metrics logged once per epoch for a task (`loss`, `<metric>`, `val_loss`, ...)."""
-    metric = epoch_metric(task)
+    metric = epoch_metric(problem_type)
     return ("loss", metric, "val_loss", f"val_{metric}", "examples_per_second")

@@ -26,7 +26,7 @@ from stratoflow.config.training import TrainingConfig, check_training
 # Kept for callers that locate the bundled pipelines.
 SPECS_DIR = discovery.BUNDLED_DIR
 
-TASKS = ("classification", "regression")
+PROBLEM_TYPES = ("classification", "regression")
 # The test metrics each task produces; a gate must name one of its task's.
 TEST_METRICS = {
     "classification": ("test_accuracy", "test_loss"),
@@ -261,8 +261,10 @@ def _check_values(spec: PipelineSpec, source: str) -> PipelineSpec:
     if ":" in spec.model.builder:
         check_import_path(spec.model.builder, f"{source}: model.builder")
     check_training(spec.training, source + ": training")
-    if spec.task not in TASKS:
-        raise SpecError(f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(TASKS)}")
+    if spec.task not in PROBLEM_TYPES:
+        raise SpecError(
+            f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(PROBLEM_TYPES)}"
+        )
     _check_optimizer(spec.optimizer, source)
     return dataclasses.replace(spec, evaluation=_checked_gate(spec.evaluation, spec.task, source))
 
@@ -291,7 +293,7 @@ def _check_optimizer(optimizer: dict[str, Any], source: str) -> None:
         )
 
 
-def _checked_gate(gate: EvaluationGate, task: str, source: str) -> EvaluationGate:
+def _checked_gate(gate: EvaluationGate, problem_type: str, source: str) -> EvaluationGate:
     where = f"{source}: evaluation"
     bound_key = "min" if gate.max is None else "max"
     if gate.min_accuracy is not None:
@@ -303,10 +305,10 @@ def _checked_gate(gate: EvaluationGate, task: str, source: str) -> EvaluationGat
                 "do not combine it with metric, min or max"
             )
         gate = dataclasses.replace(gate, min=gate.min_accuracy, min_accuracy=None)
-    allowed = TEST_METRICS[task]
+    allowed = TEST_METRICS[problem_type]
     if gate.metric not in allowed:
         raise SpecError(
-            f"{where}.metric {gate.metric!r} is not a metric of task {task!r}; allowed: "
+            f"{where}.metric {gate.metric!r} is not a metric of task {problem_type!r}; allowed: "
             f"{', '.join(allowed)}"
         )
     if (gate.min is None) == (gate.max is None):

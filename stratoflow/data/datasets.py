@@ -165,7 +165,7 @@ def prepare_dataset(
     data_dir: Path | None = None,
     *,
     folder: str | Path | None = None,
-    task: str | None = None,
+    problem_type: str | None = None,
 ) -> DatasetRef:
     """Build the dataset of `spec` into the data dir if it is not prepared yet, and describe it.
 
@@ -182,7 +182,8 @@ def prepare_dataset(
             ($TFDS_DATA_DIR).
         folder: the pipeline's folder: where `spec.builder`, `spec.preprocess` and a relative
             `spec.image_folder` are found.
-        task: the pipeline's task; its labels must fit it (None: whatever the labels are).
+        problem_type: the pipeline's problem type (its `task:`); its labels must fit it (None:
+            whatever the labels are).
 
     Returns:
         The prepared dataset's `DatasetRef`; `built` says whether this call built it.
@@ -191,8 +192,9 @@ def prepare_dataset(
         ValueError: unknown TFDS name, version or config; a role missing from `spec.splits`.
         DatasetMismatchError: a role's split expression that is invalid or selects no examples;
             an image folder's split folder that is missing or holds no images (named, with the
-            layout expected); labels that do not fit `task`, or features stratoflow cannot feed
-            a model (no fixed shape, columns that are not scalar numbers or class labels).
+            layout expected); labels that do not fit `problem_type`, or features stratoflow
+            cannot feed a model (no fixed shape, columns that are not scalar numbers or class
+            labels).
         DatasetUnavailableError: not prepared here and its files cannot be downloaded.
         SpecError: `spec.builder` does not resolve to a TFDS builder named `spec.name`.
     """
@@ -208,9 +210,8 @@ def prepare_dataset(
     if spec.image_folder is not None:
         images = _image_folder_path(spec.image_folder, folder)
         _check_image_folder(images, spec.splits)
-        ref = _describe(
-            _image_folder_builder(images, spec.image_shape or []), spec, root, False, task, images
-        )
+        image_builder = _image_folder_builder(images, spec.image_shape or [])
+        ref = _describe(image_builder, spec, root, False, problem_type, images)
     else:
         own = _import_builder(spec, folder) if spec.builder is not None else None
         builder = _make_builder(spec.name, spec.config, spec.version, root, own)
@@ -228,7 +229,7 @@ def prepare_dataset(
                     built = True
                     # Fill the fingerprint cache before waiting processes look at it.
                     fingerprint(Path(os.fspath(builder.data_dir)))
-        ref = _describe(builder, spec, root, built, task)
+        ref = _describe(builder, spec, root, built, problem_type)
     if spec.preprocess is not None:
         ref.preprocess = spec.preprocess
         ref.pipeline_folder = None if folder is None else os.fspath(folder)
@@ -681,7 +682,7 @@ def _describe(
     spec: DatasetSpec,
     data_dir: Path,
     built: bool,
-    task: str | None,
+    problem_type: str | None,
     image_folder: Path | None = None,
 ) -> DatasetRef:
     info = builder.info
@@ -714,7 +715,7 @@ def _describe(
     else:
         features = _describe_features(info.features[input_key], input_key, label)
         variant_dir = Path(os.fspath(builder.data_dir))
-    target = _describe_target(info.features[label_key], label_key, label, task)
+    target = _describe_target(info.features[label_key], label_key, label, problem_type)
     return DatasetRef(
         name=spec.name,
         version=str(builder.version) if image_folder is None else spec.version,
@@ -757,7 +758,7 @@ def _describe_features(feature: Any, key: str, label: str) -> Features:
     return Features(IMAGE, shape=tuple(int(d) for d in shape))
 
 
-def _describe_target(feature: Any, key: str, label: str, task: str | None) -> Target:
+def _describe_target(feature: Any, key: str, label: str, problem_type: str | None) -> Target:
     import tensorflow_datasets as tfds
 
     if isinstance(feature, tfds.features.ClassLabel):
@@ -771,12 +772,12 @@ def _describe_target(feature: Any, key: str, label: str, task: str | None) -> Ta
             f"{getattr(feature, 'np_dtype', '?')}) is neither a ClassLabel (classification) nor "
             "float targets (regression)"
         )
-    if task is not None and task != found.task:
-        wanted = "a ClassLabel" if task == CLASSIFICATION else "float targets"
+    if problem_type is not None and problem_type != found.task:
+        wanted = "a ClassLabel" if problem_type == CLASSIFICATION else "float targets"
         raise DatasetMismatchError(
-            f"task {task!r} needs {wanted} as labels, but the label {key!r} of dataset {label} "
-            f"is {'a ClassLabel' if found.task == CLASSIFICATION else 'float values'}: set task: "
-            f"{found.task}, or use another dataset"
+            f"task {problem_type!r} needs {wanted} as labels, but the label {key!r} of dataset "
+            f"{label} is {'a ClassLabel' if found.task == CLASSIFICATION else 'float values'}: "
+            f"set task: {found.task}, or use another dataset"
         )
     return found
 

@@ -19,7 +19,6 @@ This is the only module that starts or watches local processes.
 from __future__ import annotations
 
 import collections
-import ctypes
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.distributed.member_environment import pipeline_environment
+from stratoflow.distributed.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ PEER_LOSS_ERRORS = ("UnavailableError", "AbortedError", "DeadlineExceededError")
 # How long a peer's own loss may take to show after the result member failed on it.
 PEER_LOSS_GRACE_SECONDS = 30.0
 PORT_CLASH_MESSAGES = ("Could not start gRPC server", "Address already in use")
-_PR_SET_PDEATHSIG = 1
 
 
 class ChildProcessFailed(RuntimeError):
@@ -599,17 +598,3 @@ def _describe_exit(returncode: int) -> str:
     if signal_name in ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE"):
         return f"crashed with {signal_name} (a native crash inside TensorFlow)"
     return f"was killed by {signal_name}"
-
-
-def die_with_parent(signum: int) -> Callable[[], None]:
-    """A `preexec_fn` giving the child signal `signum` when its starter dies, so no orphan is left.
-
-    libc is loaded here, in the parent: the child may already run as another OS user that cannot
-    read this interpreter's files.
-    """
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-
-    def set_parent_death_signal() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signum)
-
-    return set_parent_death_signal

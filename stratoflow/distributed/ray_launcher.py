@@ -48,11 +48,11 @@ from stratoflow.distributed.launcher import (
     MemberLost,
     Restarts,
     Running,
-    die_with_parent,
     retry_port_clashes,
     with_restarts,
 )
 from stratoflow.distributed.member_environment import pipeline_environment, team_variables
+from stratoflow.distributed.processes import die_with_parent
 
 logger = logging.getLogger(__name__)
 

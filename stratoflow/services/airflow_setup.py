@@ -17,7 +17,7 @@ from pathlib import Path
 
 from stratoflow.config import settings
 from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder
-from stratoflow.services.processes import write_private_text
+from stratoflow.services.state_files import last_lines, write_private_text
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +114,12 @@ def ensure_airflow_db(
         output = (expired.stdout or b"") + (expired.stderr or b"")
         text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
         raise AirflowSetupError(
-            f"airflow db migrate ran past {timeout:.0f} s:\n{_tail(text)}"
+            f"airflow db migrate ran past {timeout:.0f} s:\n{last_lines(text)}"
         ) from None
     if result.returncode:
         raise AirflowSetupError(
             f"airflow db migrate failed (exit code {result.returncode}):\n"
-            f"{_tail(result.stdout + result.stderr)}"
+            f"{last_lines(result.stdout + result.stderr)}"
         )
     write_private_text(stamp, wanted)
     return True
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])

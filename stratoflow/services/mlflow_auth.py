@@ -73,7 +73,7 @@ def auth_config(database_uri: str) -> str:
 
 def write_config(path: Path, database_uri: str) -> None:
     """Write `auth_config(database_uri)` to `path`, readable by its owner only."""
-    from stratoflow.services.processes import write_private_text
+    from stratoflow.services.state_files import write_private_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private_text(path, auth_config(database_uri))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.services.errors import ServiceError
-from stratoflow.services.processes import last_lines, write_private_text
+from stratoflow.services.state_files import last_lines, write_private_text
 
 log = logging.getLogger(__name__)
 

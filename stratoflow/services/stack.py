@@ -26,7 +26,7 @@ from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.distributed.cluster import free_ports
-from stratoflow.distributed.launcher import die_with_parent
+from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
 from stratoflow.services import postgres
 from stratoflow.services.config import (
     ADMIN_ROLE,
@@ -55,13 +55,7 @@ from stratoflow.services.file_modes import (
     private_folder,
     private_state_folder,
 )
-from stratoflow.services.processes import (
-    ManagedProcess,
-    http_problem,
-    tail,
-    terminate_group,
-    write_private,
-)
+from stratoflow.services.state_files import tail, write_private
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +184,7 @@ class Stack:
         """
         for process in self.retired:
             # What a killed component left behind (e.g. idle executor workers): no grace.
-            terminate_group(process, "leftovers", RETIRED_GRACE_SECONDS)
+            stop_tree(process, "leftovers", RETIRED_GRACE_SECONDS)
         self.retired = []
         for component in (RAY_HEAD, *reversed(COMPONENTS)):
             if component in self.processes:
@@ -245,7 +239,7 @@ class Stack:
         elif component == POSTGRES:
             self._stop_postgres(process)
         else:
-            terminate_group(process, component, STOP_TIMEOUT_SECONDS)
+            stop_tree(process, component, STOP_TIMEOUT_SECONDS)
         self._save_state()
         log.info("%s stopped", component)
 
@@ -357,7 +351,7 @@ class Stack:
 
     def _stop_postgres(self, process: ManagedProcess) -> None:
         postgres.fast_stop(self._require_config().postgres_dir, STOP_TIMEOUT_SECONDS)
-        terminate_group(process, POSTGRES, STOP_TIMEOUT_SECONDS)
+        stop_tree(process, POSTGRES, STOP_TIMEOUT_SECONDS)
 
     # ----- Airflow ---------------------------------------------------------------------------
 
@@ -565,6 +559,23 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
         "",
     ]
     return "\n".join(lines)
+
+
+def http_problem(url: str, check_body: Callable[[Any], str | None]) -> str | None:
+    """Why `GET url` is not a healthy answer (no answer, not 200, or `check_body` objects)."""
+    import httpx
+
+    try:
+        response = httpx.get(url, timeout=5.0)
+    except httpx.HTTPError as error:
+        return f"{type(error).__name__}: {error}"
+    if response.status_code != 200:
+        return f"HTTP {response.status_code} from {url}"
+    try:
+        body = response.json()
+    except ValueError:
+        body = response.text
+    return check_body(body)
 
 
 def tcp_problem(host: str, port: int) -> str | None:

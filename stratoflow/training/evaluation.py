@@ -60,14 +60,14 @@ class GateDecision:
 
 
 def evaluate_model(
-    model_path: str, features: Any, targets: np.ndarray, task: str = "classification"
+    model_path: str, features: Any, targets: np.ndarray, problem_type: str = "classification"
 ) -> EvaluationResult:
     """Score the saved Keras model on the test split's arrays (`datasets.load_arrays`)."""
     import keras
 
     model = keras.models.load_model(model_path)
     outputs = np.asarray(model.predict(features, batch_size=EVAL_BATCH_SIZE, verbose=0))
-    if task == "regression":
+    if problem_type == "regression":
         return score_regression(outputs, targets)
     return score_logits(outputs, targets)
 

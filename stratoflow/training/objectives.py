@@ -1,6 +1,6 @@
-"""The objective of a pipeline's `task`: its loss, its epoch metric and its optimizer.
+"""The objective of a problem type (a pipeline's `task:`): its loss, epoch metric and optimizer.
 
-| task | model outputs | loss (per example) | epoch metric | test metrics |
+| problem type | model outputs | loss (per example) | epoch metric | test metrics |
 |---|---|---|---|---|
 | `classification` | one logit per class | sparse categorical cross-entropy | `accuracy` | `test_loss`, `test_accuracy`, per-class precision/recall |
 | `regression` | one value per target | mean squared error | `mae` | `test_loss` (MSE), `test_mae`, `test_rmse` |
@@ -22,22 +22,22 @@ from stratoflow.config.features import CLASSIFICATION
 
 @dataclass(frozen=True)
 class Objective:
-    """The loss and the epoch metric of one task.
+    """The loss and the epoch metric of one problem type.
 
     Attributes:
-        task: `classification` or `regression`.
+        problem_type: `classification` or `regression`.
         metric: the epoch metric's MLflow name (`accuracy`, `mae`); validation adds `val_`.
     """
 
-    task: str
+    problem_type: str
 
     @property
     def metric(self) -> str:
-        return names.epoch_metric(self.task)
+        return names.epoch_metric(self.problem_type)
 
     def per_example_loss(self, targets: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
         """One loss value per example (the loop scales it by the global batch)."""
-        if self.task == CLASSIFICATION:
+        if self.problem_type == CLASSIFICATION:
             return tf.keras.losses.sparse_categorical_crossentropy(
                 targets, outputs, from_logits=True
             )
@@ -46,7 +46,7 @@ class Objective:
 
     def metric_sum(self, targets: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
         """The epoch metric summed over the batch's examples (divided by the count later)."""
-        if self.task == CLASSIFICATION:
+        if self.problem_type == CLASSIFICATION:
             predicted = tf.argmax(outputs, axis=-1, output_type=tf.int64)
             return tf.reduce_sum(
                 tf.cast(tf.equal(predicted, tf.cast(targets, tf.int64)), tf.float32)
@@ -56,13 +56,13 @@ class Objective:
 
     def keras_loss(self) -> Any:
         """The same loss for Keras `fit`."""
-        if self.task == CLASSIFICATION:
+        if self.problem_type == CLASSIFICATION:
             return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return tf.keras.losses.MeanSquaredError()
 
     def keras_metric(self) -> Any:
         """The same epoch metric for Keras `fit`, under the same name."""
-        if self.task == CLASSIFICATION:
+        if self.problem_type == CLASSIFICATION:
             return tf.keras.metrics.SparseCategoricalAccuracy(name=self.metric)
         return tf.keras.metrics.MeanAbsoluteError(name=self.metric)
 

@@ -74,7 +74,7 @@ def prepare_and_check_here(spec: PipelineSpec) -> DatasetRef:
 
     try:
         reference = datasets.prepare_dataset(
-            spec.dataset, folder=spec.folder or None, task=spec.task
+            spec.dataset, folder=spec.folder or None, problem_type=spec.task
         )
     except (datasets.DatasetMismatchError, SpecError) as error:
         message = str(error)

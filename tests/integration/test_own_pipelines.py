@@ -190,7 +190,7 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
     from stratoflow.training.validation import resolve_run
 
     spec = resolve_run("shapes", {})
-    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     images, labels = load_arrays(reference, "test")
     answer = mlflow.pyfunc.load_model("models:/test-shapes-bars@champion").predict(images)
     assert list(answer.columns) == [
@@ -245,7 +245,7 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     assert str(champion.version) == run.data.tags[names.VERSION_TAG]
 
     spec = resolve_run("diabetes", {})
-    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     columns, targets = load_arrays(reference, "test")
     import pandas as pd
 
@@ -308,7 +308,7 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
 
         # Real requests: the test split, through HTTP.
         spec = resolve_run("shapes", {})
-        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
         images, labels = load_arrays(reference, "test")
         reply = httpx.post(
             f"{shapes_url}/invocations", json={"inputs": images.tolist()}, timeout=60
@@ -321,7 +321,7 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
         assert set(predicted["predicted_class"]) <= set(CLASSES)
 
         spec = resolve_run("diabetes", {})
-        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
         columns, targets = load_arrays(reference, "test")
         table = pd.DataFrame(columns)
         reply = httpx.post(

@@ -242,10 +242,10 @@ def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
     assert dag_run_states(airflow_db, dag_run_id)[0] == "running"
     assert mlflow_client.get_run(run_id).info.status == "RUNNING"
 
-    assert dag_run_id in runner.reconcile_orphaned_runs(airflow_db)
+    assert dag_run_id in runner.reconcile_orphaned_runs(airflow_db.parent)
 
     assert mlflow_client.get_run(run_id).info.status == "KILLED"
     state, tasks = dag_run_states(airflow_db, dag_run_id)
     assert state == "failed"
     assert tasks["train_model"] == "failed"
-    assert runner.reconcile_orphaned_runs(airflow_db) == []
+    assert runner.reconcile_orphaned_runs(airflow_db.parent) == []

@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from stratoflow.config import names, settings
+from stratoflow.distributed.processes import group_members
 from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import (
@@ -39,7 +40,6 @@ from stratoflow.services.config import (
     POSTGRES,
     SCHEDULER,
 )
-from stratoflow.services.processes import group_members
 from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
 from tests.support.file_modes import exposed_paths
 from tests.support.processes import restorable_epoch

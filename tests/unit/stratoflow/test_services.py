@@ -293,7 +293,7 @@ def test_a_stack_process_is_still_recognised_after_a_wall_clock_step() -> None:
     import subprocess
     import sys
 
-    from stratoflow.services.processes import ManagedProcess
+    from stratoflow.distributed.processes import ManagedProcess
 
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

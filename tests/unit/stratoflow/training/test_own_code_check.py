@@ -352,7 +352,7 @@ def test_a_class_folder_without_images_is_named_in_a_warning(
         image.unlink()
     spec = resolve_run("bars", {})
     with caplog.at_level("WARNING", logger="stratoflow.data.datasets"):
-        reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     assert reference.split_sizes == {"train": 4, "validation": 4, "test": 4}
     assert (
         f"dataset.image_folder: class folder {images / 'train' / 'vertical'} holds no .jpg, "
@@ -397,7 +397,7 @@ def test_a_new_pipeline_passes_the_checks_of_its_own_code(
     spec = resolve_run("mine", {})
     assert spec.folder == str(pipelines_path / "mine")
     # Its own code imports, builds a model that takes the data, and fits the target.
-    reference = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+    reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     check_pipeline_code(spec, reference)
 
 
@@ -411,7 +411,7 @@ def tabular(tf_runtime) -> dict[str, Any]:
     prepared = {}
     for name in ("penguins", "diabetes"):
         spec = load_spec(name)
-        prepared[name] = prepare_dataset(spec.dataset, folder=spec.folder, task=spec.task)
+        prepared[name] = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     return prepared
 
 

@@ -1,0 +1,42 @@
+"""The local runner's own records of the `airflow dags test` processes it started."""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from stratoflow.cli import runner
+from stratoflow.distributed.processes import ManagedProcess
+
+
+def test_a_running_dags_test_is_still_known_after_a_wall_clock_step(tmp_path: Path) -> None:
+    """A second `stratoflow run` must not fail the DAG run of one still in progress.
+
+    It asks whether each running DAG run's task process is alive. A clock step (NTP, a resumed
+    laptop or VM) after that process started moves psutil's `create_time` of every process; the
+    runner's record (start after boot) does not move, so the process is still known as its own,
+    and a later process reusing the PID is not.
+    """
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        path = runner.remember_dags_test(tmp_path, ManagedProcess.started(process))
+        # Only its owner may read or forge a record (a forged one would keep a dead run "live").
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        record = json.loads(path.read_text())
+        # As written before the clock went 30 s on: the live create_time is now 30 s later.
+        path.write_text(json.dumps({**record, "create_time": record["create_time"] - 30.0}))
+        assert runner.is_running_dags_test(tmp_path, process.pid)
+        reused = {**record, "seconds_after_boot": record["seconds_after_boot"] - 5.0}
+        path.write_text(json.dumps(reused))
+        assert not runner.is_running_dags_test(tmp_path, process.pid)
+        path.write_text(json.dumps(record))
+        assert runner.is_running_dags_test(tmp_path, process.pid)
+        assert not runner.is_running_dags_test(tmp_path, 1)  # a process it has no record of
+    finally:
+        process.kill()
+        process.wait()
+    assert not runner.is_running_dags_test(tmp_path, process.pid)
