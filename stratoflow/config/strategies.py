@@ -65,7 +65,8 @@ class Strategy:
         coordinated: a coordinator schedules the steps on remote workers (asynchronous); each
             worker builds its own input ("input sharded per worker"), instead of the strategy
             distributing one dataset over its replicas or workers.
-        picks_by_host: picks another strategy by the host's devices (benchmarked as that one).
+        alias_of: another strategy it picks by the host's devices: (with several GPUs,
+            otherwise); benchmarked under that one's name.
     """
 
     name: str
@@ -80,7 +81,7 @@ class Strategy:
     needs_tpu: bool = False
     standing_cluster: bool = False
     coordinated: bool = False
-    picks_by_host: bool = False
+    alias_of: tuple[str, str] | None = None
 
     @property
     def supports_fit(self) -> bool:
@@ -104,7 +105,7 @@ STRATEGIES: dict[str, Strategy] = {
             "auto",
             "mirrored over all GPUs if there are several, else one_device",
             "build_auto",
-            picks_by_host=True,
+            alias_of=("mirrored", "one_device"),
         ),
         Strategy("one_device", "one device: the first GPU, else the CPU", "build_one_device"),
         Strategy(

@@ -84,11 +84,11 @@ def build_one_device(training: TrainingConfig) -> Any:
 
 
 def build_auto(training: TrainingConfig) -> Any:
-    import tensorflow as tf
-
-    if len(_gpus()) > 1:
-        return tf.distribute.MirroredStrategy()
-    return build_one_device(training)
+    alias_of = STRATEGIES[training.strategy].alias_of
+    assert alias_of is not None, f"{training.strategy} is described without `alias_of`"
+    several_gpus, otherwise = alias_of
+    picked = STRATEGIES[several_gpus if len(_gpus()) > 1 else otherwise]
+    return BUILDERS[picked.builder](training)
 
 
 def build_mirrored(training: TrainingConfig) -> Any:

@@ -79,11 +79,13 @@ def plan_strategies(
         names = list(dict.fromkeys(requested))
         return [_entry(name, host, reasons[name]) for name in names], {}
     skipped = {name: reason for name, reason in reasons.items() if reason}
-    for name in (name for name, described in STRATEGIES.items() if described.picks_by_host):
-        skipped[name] = (
-            f"an alias of {'mirrored' if host.gpus > 1 else 'one_device'} on this host, "
-            "which is benchmarked under its own name"
-        )
+    for name, described in STRATEGIES.items():
+        if described.alias_of:
+            several_gpus, otherwise = described.alias_of
+            skipped[name] = (
+                f"an alias of {several_gpus if host.gpus > 1 else otherwise} on this host, "
+                "which is benchmarked under its own name"
+            )
     planned = [_entry(name, host, None) for name in STRATEGIES if name not in skipped]
     return planned, skipped
 
