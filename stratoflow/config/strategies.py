@@ -62,9 +62,11 @@ class Strategy:
         refuses_random_layers: cannot train layers that draw random numbers (Dropout).
         needs_tpu: runs only where a TPU is attached.
         standing_cluster: may train on a standing cluster's servers (the `cluster` setting).
-        coordinated: a coordinator schedules the steps on remote workers (asynchronous); each
-            worker builds its own input ("input sharded per worker"), instead of the strategy
-            distributing one dataset over its replicas or workers.
+        coordinated: a coordinator schedules the steps on remote workers (asynchronous), instead
+            of every replica running each step in lockstep.
+        input_sharding: where the training input is split: "strategy" (the strategy distributes
+            one dataset over its replicas or workers, `AutoShardPolicy.DATA`) or "per_worker"
+            (each worker builds its own input, `create_per_worker_dataset`).
         alias_of: another strategy it picks by the host's devices: (with several GPUs,
             otherwise); benchmarked under that one's name.
     """
@@ -81,6 +83,7 @@ class Strategy:
     needs_tpu: bool = False
     standing_cluster: bool = False
     coordinated: bool = False
+    input_sharding: Literal["strategy", "per_worker"] = "strategy"
     alias_of: tuple[str, str] | None = None
 
     @property
@@ -147,6 +150,7 @@ STRATEGIES: dict[str, Strategy] = {
             result_from="coordinator",
             standing_cluster=True,
             coordinated=True,
+            input_sharding="per_worker",
         ),
         Strategy(
             "central_storage",

@@ -156,7 +156,7 @@ def train(
                 f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
                 "training examples"
             )
-        remote = described.coordinated  # each worker builds its own input
+        remote = described.input_sharding == "per_worker"
         epoch_batches = make_epoch_batches(
             dataset,
             training.batch_size,
