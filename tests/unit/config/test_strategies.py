@@ -72,7 +72,7 @@ def plan_of(strategy: str, **settings: object) -> list[tuple[str, str, int, str,
     from stratoflow.config.strategies import planned_members
     from stratoflow.config.training import TrainingConfig
 
-    plan = planned_members(TrainingConfig(strategy=strategy, **settings))  # type: ignore[arg-type]
+    plan = planned_members(TrainingConfig(strategy=strategy, **settings))
     result = [m for m in plan.members if m.name == plan.result_from]
     assert len(result) == 1, f"{plan.result_from} is not one of the members"
     return [
@@ -104,3 +104,20 @@ def test_a_one_process_strategy_is_one_training_process():
     for name, described in STRATEGIES.items():
         if not (described.uses_workers or described.uses_ps):
             assert plan_of(name) == [("training process", "", 0, "worker", False, False)]
+
+
+def test_every_description_refers_only_to_things_that_exist():
+    import dataclasses
+
+    from stratoflow.config.options import LOOPS
+    from stratoflow.config.training import TrainingConfig
+
+    settings_names = {field.name for field in dataclasses.fields(TrainingConfig)}
+    for name, described in STRATEGIES.items():
+        assert described.name == name
+        assert set(described.loops) <= set(LOOPS) and "custom" in described.loops, name
+        assert set(described.alias_of or ()) <= set(STRATEGIES), name
+        assert described.batch_divides_by in settings_names | {None}, name
+        for role in described.roles:
+            assert isinstance(role.count, int) or role.count in settings_names, name
+        plan_of(name, workers=2, ps=1)  # the result member is one of the members
