@@ -229,11 +229,11 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
         result = run_training(strategy_spec, dataset, run_dir, child_run_id)
         evaluation = score_test_split(
             dataset,
-            result["model_path"],
+            result.model_path,
             child_run_id,
-            title=f"{spec.name} benchmark: {strategy}, {result['num_replicas']} replica(s)",
+            title=f"{spec.name} benchmark: {strategy}, {result.num_replicas} replica(s)",
         )
-        reached = threshold_reached(result["history"], spec.evaluation.bound)
+        reached = threshold_reached(result.history, spec.evaluation.bound)
         if reached:
             mlflow_runs.log_metrics(
                 child_run_id,

@@ -7,14 +7,14 @@ through the same launcher, log the same metrics and draw the same curves.
 from __future__ import annotations
 
 import logging
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.strategies import planned_members
 from stratoflow.data.datasets import DatasetRef
+from stratoflow.distributed.protocol import Restarts, TrainingPayload, TrainingResult
 from tasks.prepare import PreparedDataset
 from tasks.run_context import AirflowRun, XComResult, config_to_dict, freezes_heap
 
@@ -77,88 +77,70 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
     )
     return TrainedModel(
         mlflow_run_id=mlflow_run_id,
-        model_path=result["model_path"],
-        num_replicas=result["num_replicas"],
-        num_workers=result["num_workers"],
-        epochs=result["epochs"],
-        resumed_from_epoch=result["resumed_from_epoch"],
-        final_epoch=result["history"][-1] if result["history"] else {},
+        model_path=result.model_path,
+        num_replicas=result.num_replicas,
+        num_workers=result.num_workers,
+        epochs=result.epochs,
+        resumed_from_epoch=result.resumed_from_epoch,
+        final_epoch=result.history[-1] if result.history else {},
     )
 
 
 def run_training(
     spec: PipelineSpec, dataset: DatasetRef, run_dir: Path, mlflow_run_id: str
-) -> dict[str, Any]:
+) -> TrainingResult:
     """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
 
-    The processes come from `stratoflow.distributed.cluster` (one, or a cluster), run by the
-    run's launcher: local child processes (`stratoflow.distributed.launcher`) or Ray actors on a
-    standing Ray cluster (`stratoflow.distributed.ray_launcher`). A lost member is recovered up
+    The processes are the strategy's (`stratoflow.config.strategies.planned_members`: one, or a
+    cluster), run by the run's launcher (`stratoflow.distributed.launchers`): local child
+    processes or Ray actors on a standing Ray cluster. A lost member is recovered up
     to `max_restarts` times from the checkpoints in `run_dir` (which also let a retry resume).
     Logs the run's shape tags, the node of every member, its timings (`train_seconds`,
     `peak_rss_mb`, `seconds_to_first_step`) and its recoveries (`restarts`, and
     `recovery_seconds` per restart), the last also when training fails.
 
     Returns:
-        The training process's `TrainingResult` as a dict (history, model path, shape, timings).
+        The result member's `TrainingResult` (history, model path, shape, timings, nodes).
     """
-    from stratoflow.distributed import cluster, launcher
+    from stratoflow.distributed.launchers import launcher_for
     from stratoflow.tracking import mlflow_runs, plots
 
     config = config_to_dict(spec)
     del config["name"]
-    payload = {
-        "pipeline": spec.name,
-        "config": config,
-        "dataset": dataset.to_dict(),
-        "run_dir": str(run_dir),
-        "tracking_uri": settings.tracking_uri(),
-        "mlflow_run_id": mlflow_run_id,
-    }
+    payload = TrainingPayload(
+        pipeline=spec.name,
+        config=config,
+        dataset=dataset.to_dict(),
+        run_dir=str(run_dir),
+        tracking_uri=settings.tracking_uri(),
+        mlflow_run_id=mlflow_run_id,
+    )
     training = spec.training
-    restarts = launcher.Restarts(training.max_restarts)
+    restarts = Restarts(training.max_restarts)
     try:
-        if training.launcher == "ray":
-            from stratoflow.config import clusters
-            from stratoflow.distributed import ray_launcher
-
-            plan, result_from = cluster.planned_members(training)
-            result = ray_launcher.run_cluster(
-                plan,
-                result_from,
-                payload,
-                # Looked up by name here: the token goes only to a configured address.
-                address=clusters.ray_address(training.ray_cluster),
-                placement=training.placement,
-                restarts=restarts,
-            )
-        else:
-            members, result_from = cluster.training_members(training)
-            result = launcher.run_cluster(members, result_from, payload, restarts=restarts)
+        result = launcher_for(training).run(planned_members(training), payload, restarts)
     finally:
         _log_restarts(mlflow_run_id, restarts)
-    # The Ray launcher says where each member ran; local members all ran on this host.
-    nodes = result.pop("nodes", None) or {"all_members": socket.gethostname()}
     mlflow_runs.set_tags(
         mlflow_run_id,
         {
-            "num_replicas": result["num_replicas"],
-            "num_workers": result["num_workers"],
+            "num_replicas": result.num_replicas,
+            "num_workers": result.num_workers,
             "launcher": training.launcher,
-            **{f"node.{name.replace(' ', '_')}": node for name, node in nodes.items()},
+            **{f"node.{name.replace(' ', '_')}": node for name, node in result.nodes.items()},
         },
     )
-    timings = {"train_seconds": result["train_seconds"], "peak_rss_mb": result["peak_rss_mb"]}
-    if result["seconds_to_first_step"] is not None:
-        timings["seconds_to_first_step"] = result["seconds_to_first_step"]
+    timings = {"train_seconds": result.train_seconds, "peak_rss_mb": result.peak_rss_mb}
+    if result.seconds_to_first_step is not None:
+        timings["seconds_to_first_step"] = result.seconds_to_first_step
     mlflow_runs.log_metrics(mlflow_run_id, timings)
-    if result["history"]:
-        figure = plots.training_curves(result["history"], title=_run_title(spec, result))
+    if result.history:
+        figure = plots.training_curves(result.history, title=_run_title(spec, result))
         mlflow_runs.log_figure(mlflow_run_id, figure, names.CURVES_ARTIFACT)
     return result
 
 
-def _log_restarts(mlflow_run_id: str, restarts: Any) -> None:
+def _log_restarts(mlflow_run_id: str, restarts: Restarts) -> None:
     """`restarts` (how many), and `recovery_seconds` at step n: loss to training again."""
     from stratoflow.tracking import mlflow_runs
 
@@ -176,8 +158,8 @@ def _log_restarts(mlflow_run_id: str, restarts: Any) -> None:
             )
 
 
-def _run_title(spec: PipelineSpec, result: dict[str, Any]) -> str:
+def _run_title(spec: PipelineSpec, result: TrainingResult) -> str:
     return (
-        f"{spec.name}: {result['strategy']}, {result['num_replicas']} replica(s), "
-        f"{result['num_workers']} worker(s), {result['loop']} loop"
+        f"{spec.name}: {result.strategy}, {result.num_replicas} replica(s), "
+        f"{result.num_workers} worker(s), {result.loop} loop"
     )

@@ -28,9 +28,9 @@ from typing import Any
 from stratoflow.cli.tables import format_table
 from stratoflow.config import discovery, names, scaffold
 from stratoflow.config.clusters import ClusterConfigError
-from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, pipeline_problems
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import settings_of
 from stratoflow.tracking.model_serving import DEFAULT_PORT as DEFAULT_SERVING_PORT
 

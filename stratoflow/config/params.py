@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stratoflow.config.options import STRATEGIES
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import NOT_FINITE, param_schemas
 
 

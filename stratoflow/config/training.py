@@ -28,10 +28,10 @@ from stratoflow.config.options import (
     PLACEMENTS,
     PS_CHOICES,
     REPLICA_CHOICES,
-    STRATEGIES,
     WORKER_CHOICES,
 )
 from stratoflow.config.parsing import SpecError, build
+from stratoflow.config.strategies import STRATEGIES, strategies_with
 
 # Matches NaN, Infinity and -Infinity, and no finite number: a `not` of it refuses them. Bounds
 # alone cannot (every comparison with NaN is false, so NaN passes `minimum` and `maximum`), and
@@ -337,9 +337,11 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
     """
     for name, (_, setting) in settings_of().items():
         _check_setting(name, getattr(training, name), setting, where)
-    if training.cluster and training.strategy != "parameter_server":
+    strategy = STRATEGIES[training.strategy]
+    if training.cluster and not strategy.standing_cluster:
         raise SpecError(
-            f"{where}.cluster (standing servers) applies to strategy 'parameter_server' only; "
+            f"{where}.cluster (standing servers) applies to strategy "
+            f"{' or '.join(map(repr, strategies_with('standing_cluster')))} only; "
             "multi_worker_mirrored across hosts runs on a Ray cluster (launcher 'ray', README: "
             "Several machines)"
         )
@@ -352,19 +354,16 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
         raise SpecError(
             f"{where}.ray_cluster applies to launcher 'ray' only; set launcher 'ray' or clear it"
         )
-    if training.loop == "fit" and not STRATEGIES[training.strategy].supports_fit:
-        fit_ok = [name for name, traits in STRATEGIES.items() if traits.supports_fit]
+    if training.loop not in strategy.loops:
+        loop_ok = [name for name, other in STRATEGIES.items() if training.loop in other.loops]
         raise SpecError(
-            f"{where}.loop 'fit' does not work with strategy {training.strategy!r} in Keras 3; "
-            f"use loop 'custom', or one of the strategies fit supports: {', '.join(fit_ok)}"
+            f"{where}.loop {training.loop!r} does not work with strategy {training.strategy!r} "
+            f"in Keras 3; use loop 'custom', or one of the strategies {training.loop} supports: "
+            f"{', '.join(loop_ok)}"
         )
-    if STRATEGIES[training.strategy].uses_replicas and training.batch_size % training.replicas:
+    divisor = strategy.batch_divides_by
+    if divisor and training.batch_size % getattr(training, divisor):
         raise SpecError(
-            f"{where}.batch_size {training.batch_size} must be divisible by replicas "
-            f"{training.replicas}: the global batch is split evenly across replicas"
-        )
-    if training.strategy == "multi_worker_mirrored" and training.batch_size % training.workers:
-        raise SpecError(
-            f"{where}.batch_size {training.batch_size} must be divisible by workers "
-            f"{training.workers}: the global batch is split evenly across workers"
+            f"{where}.batch_size {training.batch_size} must be divisible by {divisor} "
+            f"{getattr(training, divisor)}: the global batch is split evenly across {divisor}"
         )

@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from stratoflow.config import clusters
-from stratoflow.config.options import STRATEGIES
-from stratoflow.config.training import TrainingConfig
+from stratoflow.config.strategies import ClusterPlan, PlannedMember
 
 LOOPBACK = "127.0.0.1"
 
@@ -61,113 +57,39 @@ def local_layout(workers: int, ps: int = 0, chief: bool = False) -> ClusterLayou
     )
 
 
-TRAINING_MODULE = "stratoflow.training.worker"
-SERVER_MODULE = "stratoflow.distributed.server"
-
-
 class ClusterUnreachableError(RuntimeError):
     """A standing cluster server does not accept connections."""
 
 
-def training_members(training: TrainingConfig) -> tuple[Callable[[], list[Any]], str]:
-    """The processes a training run needs, and which one's result is the run's result.
+# The coordinator's address on a standing cluster: where its servers can reach this host.
+COORDINATOR_HOST_ENV = "STRATOFLOW_COORDINATOR_HOST"
 
-    Returns:
-        A function making the members (fresh ports each call, for the launcher's retry on a port
-        clash) and the name of the member that reports the result.
 
-    Raises:
-        ClusterUnreachableError: a server of the run's standing cluster does not answer.
+def plan_layout(plan: ClusterPlan, standing: dict[str, list[str]]) -> ClusterLayout | None:
+    """The TF cluster of `plan`'s members on this host, with fresh ports (None: a lone process).
+
+    With a `standing` cluster (its servers' addresses), the plan's own members join it: on
+    `$STRATOFLOW_COORDINATOR_HOST` (default loopback), where the standing servers reach them.
     """
-    from stratoflow.distributed.launcher import Member
-
-    traits = STRATEGIES[training.strategy]
-    if traits.uses_ps and training.cluster:
-        # By name: the addresses are the deployment's, read here, never from the run's conf.
-        standing = clusters.standing_cluster(training.cluster)
-        check_reachable(standing)
-
-        # Only the coordinator is ours: the workers and ps are already serving.
-        def coordinator_only() -> list[Member]:
-            chief = f"{os.environ.get('STRATOFLOW_COORDINATOR_HOST', LOOPBACK)}:{free_ports(1)[0]}"
-            layout = ClusterLayout({**standing, "chief": [chief]})
-            return [Member("coordinator", TRAINING_MODULE, _env(layout, "chief", 0))]
-
-        return coordinator_only, "coordinator"
-    if traits.uses_ps:
-        # This task's child coordinates; workers and ps are plain `tf.distribute.Server`s.
-        def parameter_server_cluster() -> list[Member]:
-            layout = local_layout(training.workers, training.ps, chief=True)
-            servers = [
-                Member(
-                    f"{job} {index}",
-                    SERVER_MODULE,
-                    _env(
-                        layout, job, index, _host_share(training.workers) if job == "worker" else {}
-                    ),
-                    server=True,
-                    rejoins=job == "worker",
-                )
-                for job, index in layout.members()
-                if job != "chief"
-            ]
-            return [*servers, Member("coordinator", TRAINING_MODULE, _env(layout, "chief", 0))]
-
-        return parameter_server_cluster, "coordinator"
-    if traits.uses_workers:
-        # Every worker runs the same training program; worker 0 is the chief.
-        def multi_worker_cluster() -> list[Member]:
-            layout = local_layout(training.workers)
-            return [
-                Member(
-                    f"worker {index}",
-                    TRAINING_MODULE,
-                    _env(layout, "worker", index, _host_share(training.workers)),
-                )
-                for index in range(training.workers)
-            ]
-
-        return multi_worker_cluster, "worker 0"
-    return (lambda: [Member("training process", TRAINING_MODULE)]), "training process"
+    ours = [member for member in plan.members if member.job]
+    if not ours:
+        return None
+    host = os.environ.get(COORDINATOR_HOST_ENV, LOOPBACK) if standing else LOOPBACK
+    own_jobs = {member.job for member in ours}
+    jobs = {job: list(addresses) for job, addresses in standing.items() if job not in own_jobs}
+    ports = iter(free_ports(len(ours)))
+    for member in ours:  # in index order within each job (`planned_members`)
+        jobs.setdefault(member.job, []).append(f"{host}:{next(ports)}")
+    return ClusterLayout(jobs)
 
 
-@dataclass(frozen=True)
-class PlannedMember:
-    """One process a run needs, before it has an address: its name, TF job and index, program."""
-
-    name: str
-    job: str
-    index: int
-    module: str
-    server: bool = False
-    rejoins: bool = False
-
-
-def planned_members(training: TrainingConfig) -> tuple[list[PlannedMember], str]:
-    """The processes a run needs wherever they are placed (the Ray launcher's plan), and which
-    one reports the result: the same roles `training_members` gives local processes."""
-    traits = STRATEGIES[training.strategy]
-    if traits.uses_ps:
-        servers = [
-            PlannedMember(f"{job} {index}", job, index, SERVER_MODULE, True, job == "worker")
-            for job, count in (("worker", training.workers), ("ps", training.ps))
-            for index in range(count)
-        ]
-        return [*servers, PlannedMember("coordinator", "chief", 0, TRAINING_MODULE)], "coordinator"
-    if traits.uses_workers:
-        workers = [
-            PlannedMember(f"worker {index}", "worker", index, TRAINING_MODULE)
-            for index in range(training.workers)
-        ]
-        return workers, "worker 0"
-    return [PlannedMember("training process", "", 0, TRAINING_MODULE)], "training process"
-
-
-def member_env(layout: ClusterLayout | None, member: PlannedMember) -> dict[str, str]:
-    """The TF_CONFIG (and gRPC setting) of a planned member in `layout` (none alone)."""
+def member_env(
+    layout: ClusterLayout | None, member: PlannedMember, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The TF_CONFIG (and gRPC setting) of a planned member in `layout` (none alone), + `extra`."""
     if layout is None or not member.job:
         return {}
-    return _env(layout, member.job, member.index)
+    return _env(layout, member.job, member.index, extra)
 
 
 def check_reachable(jobs: dict[str, list[str]], timeout_seconds: float = 5.0) -> None:
@@ -196,7 +118,7 @@ def _env(
     }
 
 
-def _host_share(workers: int) -> dict[str, str]:
+def host_share(workers: int) -> dict[str, str]:
     """Each of `workers` processes on this host computes with its share of the cores.
 
     TensorFlow gives every process as many intra-op threads as the host has cores, so N local
@@ -209,7 +131,11 @@ def _host_share(workers: int) -> dict[str, str]:
 
 
 def this_process_is_chief() -> bool:
-    """From TF_CONFIG, before TensorFlow starts: the chief, worker 0 if none, or no cluster."""
+    """Whether this process writes the run's outputs (model, checkpoints, MLflow metrics).
+
+    From TF_CONFIG, so it can be asked before TensorFlow starts: the `chief` task (such as the
+    parameter-server coordinator), else worker 0; a process outside a cluster is its own chief.
+    """
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return True

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,19 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stratoflow.config import clusters
+from stratoflow.config.strategies import ClusterPlan
+from stratoflow.distributed.cluster import check_reachable, host_share, member_env, plan_layout
 from stratoflow.distributed.member_environment import pipeline_environment
 from stratoflow.distributed.processes import die_with_parent
+from stratoflow.distributed.protocol import (
+    FIRST_STEP_MARKER,
+    PROCESS_START_ENV,
+    READY_MARKER,
+    Restarts,
+    TrainingPayload,
+    TrainingResult,
+)
 
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 30
-# A member prints this line once it is up (imports done, strategy or server created).
-READY_MARKER = "STRATOFLOW-READY"
-# The result member prints this line when its first training step is done.
-FIRST_STEP_MARKER = "STRATOFLOW-FIRST-STEP"
-# When the cluster was started (time.time()), in every member's environment:
-# `seconds_to_first_step` counts from it.
-PROCESS_START_ENV = "STRATOFLOW_PROCESS_START"
 # Once one member is up, the others must be up within this long, or the cluster is failed
 # (the default of `run_cluster`'s `ready_timeout_seconds`).
 READY_TIMEOUT_SECONDS = 30.0
@@ -87,68 +92,9 @@ class Member:
     rejoins: bool = False
 
 
-@dataclass
-class Restart:
-    """One recovery: which member was lost, why, and when training went on again."""
-
-    number: int
-    member: str
-    reason: str
-    in_place: bool
-    failed_at: float  # time.time()
-    training_again_at: float | None = None
-
-    @property
-    def seconds_to_recover(self) -> float | None:
-        """Seconds from the loss to training again (the rejoined worker up, or the restarted
-        cluster's first step); None if that never came."""
-        if self.training_again_at is None:
-            return None
-        return self.training_again_at - self.failed_at
-
-
-class Restarts:
-    """A run's restart budget (`max_restarts`) and the restarts it spent, across clusters."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.events: list[Restart] = []
-
-    def allowed(self) -> bool:
-        return len(self.events) < self.limit
-
-    def record(self, member: str, reason: str, in_place: bool) -> Restart:
-        event = Restart(len(self.events) + 1, member, reason, in_place, time.time())
-        self.events.append(event)
-        logger.warning(
-            "restart %d/%d: %s was lost (%s); %s",
-            event.number,
-            self.limit,
-            member,
-            reason,
-            "starting it again in place, training goes on"
-            if in_place
-            else "restarting the cluster from its last checkpoint",
-        )
-        return event
-
-    def training_again(self, in_place: bool, member: str | None = None) -> None:
-        """Note the time training went on after the open restarts (of `member`, if given)."""
-        for event in self.events:
-            if event.training_again_at is not None or event.in_place != in_place:
-                continue
-            if member is None or event.member == member:
-                event.training_again_at = time.time()
-                logger.info(
-                    "training again %.1f s after %s was lost",
-                    event.seconds_to_recover,
-                    event.member,
-                )
-
-
 def run_python_module(
     module: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | str,
     *,
     name: str,
     env: dict[str, str] | None = None,
@@ -168,24 +114,10 @@ def run_python_module(
     return run_cluster(lambda: [member], name, payload, timeout_seconds=timeout_seconds)
 
 
-def child_main(main: Callable[[str, str], None], what: str) -> None:
-    """The entry of a child program, `python -m module PAYLOAD RESULT`: `main(PAYLOAD, RESULT)`.
-
-    A Python error is logged (`what` failed) and handed to the launcher in the result file
-    (`{"error": "Type: message"}`, exit status 2), which raises it in the task.
-    """
-    try:
-        main(*sys.argv[1:3])
-    except Exception as error:
-        logging.getLogger(main.__module__).exception("%s failed", what)
-        Path(sys.argv[2]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        sys.exit(2)
-
-
 def run_cluster(
     build_members: Callable[[], Sequence[Member]],
     result_from: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | str,
     *,
     timeout_seconds: float | None = None,
     attempts: int = 3,
@@ -198,7 +130,7 @@ def run_cluster(
         build_members: makes the members (called again, with fresh ports, after a port clash
             or for a restart).
         result_from: the member whose result file is the cluster's result.
-        payload: JSON-able input, the same file for every member.
+        payload: JSON-able input, or its JSON text: the same file for every member.
         timeout_seconds: fail if one start of the cluster takes longer.
         attempts: how many times a port clash at start-up is retried.
         ready_timeout_seconds: once one member is up, how long the others have to come up.
@@ -387,14 +319,15 @@ class Cluster:
         self,
         members: Sequence[Member],
         result_from: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | str,
         timeout_seconds: float | None,
         ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
         restarts: Restarts | None = None,
     ):
         self.members = members
         self.result_from = result_from
-        self.payload = payload
+        # Serialised once: every member, and every restart, reads this text.
+        self.payload = payload if isinstance(payload, str) else json.dumps(payload)
         self.timeout_seconds = timeout_seconds
         self.ready_timeout_seconds = ready_timeout_seconds
         self.restarts = restarts or Restarts(0)
@@ -552,7 +485,7 @@ class _LocalCluster(Cluster):
         # with this folder, even when a member is killed before it could clean up.
         with tempfile.TemporaryDirectory(prefix="stratoflow-child-") as workdir:
             payload_path = Path(workdir) / "payload.json"
-            payload_path.write_text(json.dumps(self.payload))
+            payload_path.write_text(self.payload)
             started = time.time()
             # Pipeline code runs in every member: the allowlist, not this process's secrets.
             inherited = pipeline_environment(os.environ)
@@ -579,6 +512,48 @@ class _LocalCluster(Cluster):
                 for child in running.values():
                     child.kill()
             return self.result_of(running[self.result_from])
+
+
+class LocalLauncher:
+    """The `local` launcher: a run's members as child processes of this task."""
+
+    def run(
+        self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
+    ) -> TrainingResult:
+        """Run `plan`'s members here (`stratoflow.distributed.protocol.Launcher.run`).
+
+        Raises:
+            ClusterUnreachableError: a server of the plan's standing cluster does not answer.
+            ChildProcessFailed: a member failed, or was lost more often than `restarts` allows.
+        """
+        # By name: the addresses are the deployment's, read here, never from the run's conf.
+        standing = clusters.standing_cluster(plan.standing_cluster) if plan.standing_cluster else {}
+        check_reachable(standing)
+        result = run_cluster(
+            lambda: local_members(plan, standing),
+            plan.result_from,
+            payload.to_json(),
+            restarts=restarts,
+        )
+        # Every member ran on this host.
+        return TrainingResult.from_dict({**result, "nodes": {"all_members": socket.gethostname()}})
+
+
+def local_members(plan: ClusterPlan, standing: dict[str, list[str]] | None = None) -> list[Member]:
+    """`plan`'s members on this host, with fresh loopback ports (new ones on every call, for the
+    retry after a port clash); with a `standing` cluster, its servers' addresses too."""
+    layout = plan_layout(plan, standing or {})
+    workers = sum(member.job == "worker" for member in plan.members)
+    return [
+        Member(
+            planned.name,
+            planned.module,
+            member_env(layout, planned, host_share(workers) if planned.job == "worker" else {}),
+            server=planned.server,
+            rejoins=planned.rejoins,
+        )
+        for planned in plan.members
+    ]
 
 
 def _is_peer_loss(error: str) -> bool:

@@ -39,20 +39,25 @@ from typing import Any
 
 from stratoflow.config import names, settings
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
-from stratoflow.distributed.cluster import ClusterLayout, PlannedMember, free_ports, member_env
+from stratoflow.config.strategies import ClusterPlan, PlannedMember
+from stratoflow.distributed.cluster import ClusterLayout, free_ports, member_env
 from stratoflow.distributed.launcher import (
-    PROCESS_START_ENV,
     ChildProcessFailed,
     Cluster,
     Member,
     MemberLost,
-    Restarts,
     Running,
     retry_port_clashes,
     with_restarts,
 )
 from stratoflow.distributed.member_environment import pipeline_environment, team_variables
 from stratoflow.distributed.processes import die_with_parent
+from stratoflow.distributed.protocol import (
+    PROCESS_START_ENV,
+    Restarts,
+    TrainingPayload,
+    TrainingResult,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -179,10 +184,39 @@ class MemberHost:
             self.process.wait()
 
 
+class RayLauncher:
+    """The `ray` launcher: a run's members as actors on the Ray cluster at `address`, reserved
+    as one placement group (`placement`: "pack", "spread" or "strict_spread")."""
+
+    def __init__(self, address: str, placement: str = "pack"):
+        self.address = address
+        self.placement = placement
+
+    def run(
+        self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
+    ) -> TrainingResult:
+        """Run `plan`'s members on Ray (`stratoflow.distributed.protocol.Launcher.run`); the
+        result says on which node each member ran.
+
+        Raises:
+            RayClusterError: Ray cannot be reached or cannot place the whole cluster.
+            ChildProcessFailed: a member failed, or was lost more often than `restarts` allows.
+        """
+        result = run_cluster(
+            plan.members,
+            plan.result_from,
+            payload.to_json(),
+            address=self.address,
+            placement=self.placement,
+            restarts=restarts,
+        )
+        return TrainingResult.from_dict(result)
+
+
 def run_cluster(
     plan: Sequence[PlannedMember],
     result_from: str,
-    payload: dict[str, Any],
+    payload: dict[str, Any] | str,
     *,
     address: str,
     placement: str = "pack",
@@ -192,9 +226,9 @@ def run_cluster(
     """Run the planned members on the Ray cluster at `address`; the result member's result.
 
     Args:
-        plan: the members (`stratoflow.distributed.cluster.planned_members`).
+        plan: the members (`stratoflow.config.strategies.planned_members`).
         result_from: the member whose result is the run's result.
-        payload: JSON-able input, the same for every member.
+        payload: JSON-able input, or its JSON text: the same for every member.
         address: the Ray cluster (host:port of its head's GCS, or "auto").
         placement: "pack", "spread" or "strict_spread" (`PLACEMENT_STRATEGIES`).
         restarts: the budget for lost members (none by default); records each restart.
@@ -378,7 +412,7 @@ class _RayCluster(Cluster):
         self,
         plan: Sequence[PlannedMember],
         result_from: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | str,
         placement: str,
         restarts: Restarts,
         timeout_seconds: float | None,
@@ -424,7 +458,7 @@ class _RayCluster(Cluster):
                     "a member's node",
                 ) from None
             members = self._members(nodes)
-            text = json.dumps(self.payload)
+            text = self.payload
             for member, actor, node in zip(members, actors, nodes, strict=True):
                 try:
                     running[member.name] = _ActorRunning(member, actor, node, text)

@@ -15,7 +15,7 @@ import os
 import sys
 
 from stratoflow.distributed import lean_tensorflow
-from stratoflow.distributed.launcher import READY_MARKER
+from stratoflow.distributed.protocol import READY_MARKER, announce
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,7 @@ def serve(cluster: dict[str, list[str]], job: str, index: int) -> None:
         start=True,
     )
     logger.info("serving %s:%d at %s", job, index, server.target)
-    sys.stdout.write(READY_MARKER + "\n")
-    sys.stdout.flush()
+    announce(READY_MARKER)
     server.join()
 
 

@@ -31,7 +31,7 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
     """The environment of this training process, for the run's `environment.json`.
 
     Args:
-        result: the training result (`stratoflow.training.trainer.TrainingResult` as a dict):
+        result: the training result (`stratoflow.distributed.protocol.TrainingResult` as a dict):
         strategy,
             loop, replicas, workers and global batch size as they ran.
 

@@ -107,7 +107,7 @@ def main(payload_path: str, result_path: str) -> None:
 
 
 if __name__ == "__main__":
-    from stratoflow.distributed.launcher import child_main
+    from stratoflow.distributed.protocol import child_main
 
     # Any error but a refusal: the launcher raises it in the task, which Airflow may retry.
     child_main(main, "the own-code check")

@@ -1,5 +1,5 @@
-"""Strategy factory: a name from `stratoflow.config.options.STRATEGIES` → a `tf.distribute`
-strategy.
+"""Strategy factory: a name from `stratoflow.config.strategies.STRATEGIES` → a `tf.distribute`
+strategy, made by the builder its description names.
 
 Device setup must happen before TensorFlow runs its first op, so a training process calls
 `configure_host_devices(required_logical_cpus(config))` first and `make_strategy(config)` second.
@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Any
 
-from stratoflow.config.options import STRATEGIES
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -57,11 +57,11 @@ def make_strategy(training: TrainingConfig) -> Any:
         ValueError: an unknown strategy name (the message lists the allowed ones).
         StrategyUnavailableError: the strategy needs hardware this host lacks.
     """
-    if training.strategy not in _BUILDERS:
+    if training.strategy not in STRATEGIES:
         raise ValueError(
-            f"strategy {training.strategy!r} is not allowed; allowed: {', '.join(_BUILDERS)}"
+            f"strategy {training.strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}"
         )
-    strategy = _BUILDERS[training.strategy](training)
+    strategy = BUILDERS[STRATEGIES[training.strategy].builder](training)
     logger.info(
         "strategy %s: %s with %d replica(s)",
         training.strategy,
@@ -77,21 +77,21 @@ def _gpus() -> list[Any]:
     return tf.config.list_logical_devices("GPU")
 
 
-def _one_device(training: TrainingConfig) -> Any:
+def build_one_device(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
     return tf.distribute.OneDeviceStrategy("/gpu:0" if _gpus() else "/cpu:0")
 
 
-def _auto(training: TrainingConfig) -> Any:
-    import tensorflow as tf
+def build_auto(training: TrainingConfig) -> Any:
+    alias_of = STRATEGIES[training.strategy].alias_of
+    assert alias_of is not None, f"{training.strategy} is described without `alias_of`"
+    several_gpus, otherwise = alias_of
+    picked = STRATEGIES[several_gpus if len(_gpus()) > 1 else otherwise]
+    return BUILDERS[picked.builder](training)
 
-    if len(_gpus()) > 1:
-        return tf.distribute.MirroredStrategy()
-    return _one_device(training)
 
-
-def _mirrored(training: TrainingConfig) -> Any:
+def build_mirrored(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
     if _gpus():
@@ -109,12 +109,12 @@ def _mirrored(training: TrainingConfig) -> Any:
     )
 
 
-def _tpu(training: TrainingConfig) -> Any:
+def build_tpu(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
     tpu_address = os.environ.get("TPU_NAME")
     if not tpu_address and not tf.config.list_physical_devices("TPU"):
-        fallback = [name for name in STRATEGIES if name != "tpu"]
+        fallback = [name for name, other in STRATEGIES.items() if not other.needs_tpu]
         raise StrategyUnavailableError(
             "strategy 'tpu' needs a TPU, and this host has none "
             "(tf.config.list_physical_devices('TPU') is empty and TPU_NAME is unset); "
@@ -126,22 +126,22 @@ def _tpu(training: TrainingConfig) -> Any:
     return tf.distribute.TPUStrategy(resolver)
 
 
-def _multi_worker_mirrored(training: TrainingConfig) -> Any:
+def build_multi_worker_mirrored(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
-    _require_tf_config("multi_worker_mirrored")
+    _require_tf_config(training.strategy)
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def _parameter_server(training: TrainingConfig) -> Any:
+def build_parameter_server(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
-    _require_tf_config("parameter_server")
+    _require_tf_config(training.strategy)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     return tf.distribute.ParameterServerStrategy(resolver)
 
 
-def _central_storage(training: TrainingConfig) -> Any:
+def build_central_storage(training: TrainingConfig) -> Any:
     import tensorflow as tf
 
     if _gpus():
@@ -166,31 +166,16 @@ def _require_tf_config(strategy: str) -> None:
         )
 
 
-def is_chief(strategy: Any) -> bool:
-    """Whether this process writes the run's outputs (model, checkpoints, MLflow metrics).
-
-    The chief is worker 0 of a multi-worker cluster (or the `chief` task, such as the
-    parameter-server coordinator); a single-process strategy is its own chief.
-    """
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not resolver.task_type:
-        return True
-    return resolver.task_type == "chief" or (
-        resolver.task_type == "worker" and resolver.task_id == 0
+# The builders by the name a description gives (`Strategy.builder`).
+BUILDERS = {
+    builder.__name__: builder
+    for builder in (
+        build_auto,
+        build_one_device,
+        build_mirrored,
+        build_tpu,
+        build_multi_worker_mirrored,
+        build_parameter_server,
+        build_central_storage,
     )
-
-
-def rejects_random_layers(training: TrainingConfig) -> bool:
-    """central_storage cannot run layers that draw random numbers (Dropout) in TF 2.21."""
-    return training.strategy == "central_storage"
-
-
-_BUILDERS = {
-    "auto": _auto,
-    "one_device": _one_device,
-    "mirrored": _mirrored,
-    "tpu": _tpu,
-    "multi_worker_mirrored": _multi_worker_mirrored,
-    "parameter_server": _parameter_server,
-    "central_storage": _central_storage,
 }

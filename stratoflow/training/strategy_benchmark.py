@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stratoflow.config.options import STRATEGIES
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.strategies import STRATEGIES
 
 # The shapes benchmarked: two of everything fits a 2-core host and shows whether splitting pays.
 REPLICAS = 2
@@ -51,9 +51,8 @@ def plan_strategies(
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Which strategies to benchmark, each as the training overrides of its run.
 
-    With no `requested` strategies: every strategy of `stratoflow.config.options.STRATEGIES` this
-    host
-    can run with `spec`'s model and batch size, except `auto` (an alias of one_device or
+    With no `requested` strategies: every strategy of `stratoflow.config.strategies.STRATEGIES`
+    this host can run with `spec`'s model and batch size, except `auto` (an alias of one_device or
     mirrored here, so it would measure one of them twice). With `requested`: exactly those, in
     that order; one the host cannot run carries the reason in `unavailable`, and its training
     fails at once with it.
@@ -80,28 +79,31 @@ def plan_strategies(
         names = list(dict.fromkeys(requested))
         return [_entry(name, host, reasons[name]) for name in names], {}
     skipped = {name: reason for name, reason in reasons.items() if reason}
-    skipped["auto"] = (
-        f"an alias of {'mirrored' if host.gpus > 1 else 'one_device'} on this host, "
-        "which is benchmarked under its own name"
-    )
+    for name, described in STRATEGIES.items():
+        if described.alias_of:
+            several_gpus, otherwise = described.alias_of
+            skipped[name] = (
+                f"an alias of {several_gpus if host.gpus > 1 else otherwise} on this host, "
+                "which is benchmarked under its own name"
+            )
     planned = [_entry(name, host, None) for name in STRATEGIES if name not in skipped]
     return planned, skipped
 
 
 def cannot_run_reason(name: str, spec: PipelineSpec, host: HostDevices) -> str | None:
     """Why strategy `name` cannot train `spec` on this host in the benchmark's shape, or None."""
-    traits = STRATEGIES[name]
+    described = STRATEGIES[name]
     batch = spec.training.batch_size
-    if name == "tpu" and not host.tpus:
+    if described.needs_tpu and not host.tpus:
         return "no TPU is attached to this host"
-    if name == "central_storage" and model_has_random_layers(spec):
+    if described.refuses_random_layers and model_has_random_layers(spec):
         return (
             f"model {spec.model.builder!r} has Dropout (model.hyperparameters.dropout), which "
             "CentralStorage cannot train"
         )
-    if traits.uses_replicas and not host.gpus and batch % REPLICAS:
+    if described.uses_replicas and not host.gpus and batch % REPLICAS:
         return f"batch_size {batch} does not split over {REPLICAS} replicas"
-    if name == "multi_worker_mirrored" and batch % WORKERS:
+    if described.batch_divides_by == "workers" and batch % WORKERS:
         return f"batch_size {batch} does not split over {WORKERS} workers"
     return None
 
@@ -131,12 +133,12 @@ def _entry(name: str, host: HostDevices, unavailable: str | None) -> dict[str, A
 
 
 def _label(name: str, host: HostDevices) -> str:
-    traits = STRATEGIES[name]
-    if traits.uses_ps:
+    described = STRATEGIES[name]
+    if described.uses_ps:
         return f"{name} ({WORKERS} workers + {PARAMETER_SERVERS} ps)"
-    if traits.uses_workers:
+    if described.uses_workers:
         return f"{name} ({WORKERS} workers)"
-    if traits.uses_replicas:
+    if described.uses_replicas:
         return f"{name} ({f'{host.gpus} GPUs' if host.gpus else f'{REPLICAS} logical CPUs'})"
     return name
 

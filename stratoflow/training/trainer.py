@@ -11,30 +11,37 @@ Run it in the process that owns TensorFlow's devices: `stratoflow.training.worke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
 
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import DEFAULT_CACHE_BUDGET_MB
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.input_pipeline import MIB, TrainingInput, validation_batches
-from stratoflow.distributed.cluster import workers_in_cluster
-from stratoflow.distributed.launcher import FIRST_STEP_MARKER, PROCESS_START_ENV, READY_MARKER
+from stratoflow.distributed.cluster import this_process_is_chief, workers_in_cluster
+from stratoflow.distributed.protocol import (
+    FIRST_STEP_MARKER,
+    PROCESS_START_ENV,
+    READY_MARKER,
+    TrainingResult,
+    announce,
+)
 from stratoflow.training.models import build_pipeline_model
 from stratoflow.training.objectives import Objective, make_optimizer
-from stratoflow.training.strategies import is_chief, make_strategy, rejects_random_layers
+from stratoflow.training.strategies import make_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -71,29 +78,6 @@ class EpochMetrics:
         }
 
 
-@dataclass
-class TrainingResult:
-    """The small summary a training process hands back to the task."""
-
-    model_path: str
-    strategy: str
-    loop: str
-    num_replicas: int
-    num_workers: int
-    global_batch_size: int
-    epochs: int
-    resumed_from_epoch: int
-    history: list[dict[str, float]] = field(default_factory=list)
-    seconds_to_first_step: float | None = None
-    train_seconds: float = 0.0
-    peak_rss_mb: float = 0.0
-    # The loss of each of the first steps, when `train(record_steps=...)` asked for them.
-    step_losses: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 EpochCallback = Callable[[EpochMetrics], None]
 
 
@@ -123,10 +107,11 @@ def train(
         Where the model was saved, the per-epoch history and the strategy's shape.
 
     Raises:
-        ValueError: `record_steps` with `fit` or `parameter_server`.
+        ValueError: `record_steps` with `fit` or a coordinated strategy (`parameter_server`).
     """
     training = spec.training
-    if record_steps and (training.loop == "fit" or training.strategy == "parameter_server"):
+    described = STRATEGIES[training.strategy]
+    if record_steps and (training.loop == "fit" or described.coordinated):
         raise ValueError(
             "record_steps needs the custom loop and a synchronous strategy; got loop "
             f"{training.loop!r}, strategy {training.strategy!r}"
@@ -134,9 +119,9 @@ def train(
     if strategy is None:
         # Multi-worker strategies must exist before any other TensorFlow op runs.
         strategy = make_strategy(training)
-        _announce_ready()
+        announce(READY_MARKER)  # the launcher times its peers' start-up from this
     tf.keras.utils.set_random_seed(training.seed)
-    chief = is_chief(strategy)
+    chief = this_process_is_chief()
     run_dir.mkdir(parents=True, exist_ok=True)
     replicas = strategy.num_replicas_in_sync
     if training.batch_size % replicas:
@@ -155,7 +140,7 @@ def train(
                 loss=objective.keras_loss(),
                 metrics=[objective.keras_metric()],
             )
-    if rejects_random_layers(training):
+    if described.refuses_random_layers:
         _refuse_random_layers(model, training.strategy)
 
     # Every worker restores the chief's checkpoint; only the chief's own saves are kept.
@@ -171,7 +156,7 @@ def train(
                 f"batch_size {training.batch_size} exceeds the {dataset.split_sizes['train']} "
                 "training examples"
             )
-        remote = training.strategy == "parameter_server"
+        remote = described.input_sharding == "per_worker"
         epoch_batches = make_epoch_batches(
             dataset,
             training.batch_size,
@@ -191,11 +176,7 @@ def train(
             run_epoch = _FitEpoch(model, epoch_batches, objective.metric)
         else:
             # Both loops take the same inputs; parameter-server steps are scheduled remotely.
-            epoch_type = (
-                _ParameterServerEpoch
-                if training.strategy == "parameter_server"
-                else CustomLoopEpoch
-            )
+            epoch_type = _ParameterServerEpoch if described.coordinated else CustomLoopEpoch
             run_epoch = epoch_type(
                 strategy,
                 model,
@@ -224,11 +205,12 @@ def train(
             logger.info(
                 "resuming at epoch %d/%d from %s", start_epoch + 1, training.epochs, store.directory
             )
-        process_start = float(os.environ.get(PROCESS_START_ENV, time.time()))
+        first_step = _FirstStep(float(os.environ.get(PROCESS_START_ENV, time.time())))
+        step_losses: list[float] = []
         train_start = time.perf_counter()
         for epoch in range(start_epoch + 1, training.epochs + 1):
             epoch_start = time.perf_counter()
-            loss, metric = run_epoch(epoch, lambda: _note_first_step(result, process_start))
+            loss, metric = run_epoch(epoch, first_step.note)
             seconds = time.perf_counter() - epoch_start
             # Validation has no collective ops: the chief alone does it.
             val_loss, val_metric = evaluate(validation) if chief else (float("nan"),) * 2
@@ -245,14 +227,19 @@ def train(
             store.save(epoch, metrics)
             result.history.append(metrics.to_dict())
             if isinstance(run_epoch, CustomLoopEpoch) and run_epoch.step_losses:
-                result.step_losses, run_epoch.record_steps = run_epoch.step_losses, 0
+                step_losses, run_epoch.record_steps = run_epoch.step_losses, 0
             if (
                 chief and on_epoch_end
             ):  # e.g. the progress line and MLflow (stratoflow.training.worker)
                 on_epoch_end(metrics)
-        result.train_seconds = time.perf_counter() - train_start
-        # ru_maxrss is in KiB on Linux.
-        result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result = dataclasses.replace(
+            result,
+            seconds_to_first_step=first_step.seconds,
+            train_seconds=time.perf_counter() - train_start,
+            # ru_maxrss is in KiB on Linux.
+            peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            step_losses=step_losses,
+        )
 
         if chief:
             model.save(result.model_path)
@@ -286,12 +273,6 @@ def make_epoch_batches(
     return TrainingInput(dataset, batch_size, seed, cache_budget_mb * MIB, remote=remote)
 
 
-def _announce_ready() -> None:
-    """Tell the launcher this process is up (its peers' start-up is timed from this)."""
-    sys.stdout.write(READY_MARKER + "\n")
-    sys.stdout.flush()
-
-
 def _refuse_random_layers(model: Any, strategy: str) -> None:
     random_layers = [
         layer.name for layer in model.layers if isinstance(layer, tf.keras.layers.Dropout)
@@ -304,12 +285,18 @@ def _refuse_random_layers(model: Any, strategy: str) -> None:
         )
 
 
-def _note_first_step(result: TrainingResult, process_start: float) -> None:
-    if result.seconds_to_first_step is None:
-        result.seconds_to_first_step = time.time() - process_start
-        # The launcher times a restarted cluster's recovery up to this line.
-        sys.stdout.write(FIRST_STEP_MARKER + "\n")
-        sys.stdout.flush()
+class _FirstStep:
+    """When the first step was done, in seconds from the cluster's start."""
+
+    def __init__(self, process_start: float):
+        self.process_start = process_start
+        self.seconds: float | None = None
+
+    def note(self) -> None:
+        if self.seconds is None:
+            self.seconds = time.time() - self.process_start
+            # The launcher times a restarted cluster's recovery up to this line.
+            announce(FIRST_STEP_MARKER)
 
 
 def _make_step_fn(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from stratoflow.config import clusters
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import resolve_training
 from stratoflow.training.models import MODEL_BUILDERS, check_hyperparameters, has_random_layers
 
@@ -54,7 +55,7 @@ def resolve_run(pipeline: str, conf: Mapping[str, Any]) -> PipelineSpec:
     spec = load_pipeline(pipeline)
     training = resolve_training(spec.training, conf)
     if (
-        training.strategy == "parameter_server"
+        STRATEGIES[training.strategy].standing_cluster
         and training.launcher == "local"
         and not training.cluster
         and clusters.DEFAULT in clusters.standing_clusters()
@@ -98,11 +99,11 @@ def check_model(spec: PipelineSpec, where: str = "training") -> None:
             builder,
             where.rsplit(":", 1)[0] + ": model",
         )
-    if spec.training.strategy == "central_storage" and has_random_layers(
+    if STRATEGIES[spec.training.strategy].refuses_random_layers and has_random_layers(
         builder, spec.model.hyperparameters
     ):
         raise SpecError(
-            f"{where}.strategy 'central_storage' cannot train model {builder!r}: it "
+            f"{where}.strategy {spec.training.strategy!r} cannot train model {builder!r}: it "
             f"has Dropout (model.hyperparameters.dropout "
             f"{spec.model.hyperparameters.get('dropout')}), and TensorFlow's CentralStorage fails "
             "on layers that draw random numbers; choose another strategy, e.g. 'mirrored'"

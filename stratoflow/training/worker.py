@@ -1,8 +1,8 @@
 """Entry point of a training process: `python -m stratoflow.training.worker PAYLOAD RESULT`.
 
-Started by `stratoflow.distributed.launcher`; the payload carries the resolved config, the dataset
-reference, the
-run folder and the MLflow run to stream per-epoch metrics into. Devices are configured before
+Started by a launcher (`stratoflow.distributed.protocol`); the payload (`TrainingPayload`) carries
+the resolved config, the dataset reference, the run folder and the MLflow run to stream per-epoch
+metrics into. Devices are configured before
 TensorFlow runs any op.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -19,19 +18,20 @@ from typing import Any
 
 from stratoflow.config import names
 from stratoflow.distributed import lean_tensorflow
+from stratoflow.distributed.protocol import TrainingPayload, child_main
 
 
 def main(payload_path: str, result_path: str) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout
     )
-    payload = json.loads(Path(payload_path).read_text())
+    payload = TrainingPayload.from_json(Path(payload_path).read_text())
     lean_tensorflow.import_tensorflow()  # first, before any module below imports it in full
 
     from stratoflow.config.spec import parse_spec
     from stratoflow.training.strategies import configure_host_devices, required_logical_cpus
 
-    spec = parse_spec(payload["pipeline"], payload["config"])
+    spec = parse_spec(payload.pipeline, payload.config)
     configure_host_devices(required_logical_cpus(spec.training))
 
     from stratoflow.data.datasets import DatasetRef
@@ -40,8 +40,8 @@ def main(payload_path: str, result_path: str) -> None:
     from stratoflow.training import trainer
     from stratoflow.training.progress import EpochProgress
 
-    run_dir = Path(payload["run_dir"])
-    tracking_uri, run_id = payload["tracking_uri"], payload["mlflow_run_id"]
+    run_dir = Path(payload.run_dir)
+    tracking_uri, run_id = payload.tracking_uri, payload.mlflow_run_id
     chief = this_process_is_chief()
     on_epoch_end: list[Callable[[Any], None]] = []
     sampling: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
@@ -54,14 +54,14 @@ def main(payload_path: str, result_path: str) -> None:
     with sampling:
         result = trainer.train(
             spec,
-            DatasetRef.from_dict(payload["dataset"]),
+            DatasetRef.from_dict(payload.dataset),
             run_dir,
             on_epoch_end=_all_of(on_epoch_end) if on_epoch_end else None,
-        ).to_dict()
+        )
     if chief:
-        described = environment.describe(result)
+        described = environment.describe(result.to_dict())
         mlflow_runs.client(tracking_uri).log_dict(run_id, described, names.ENVIRONMENT_ARTIFACT)
-    Path(result_path).write_text(json.dumps(result))
+    Path(result_path).write_text(result.to_json())
     # The process exits next: its last garbage collection need not walk TensorFlow's heap
     # (seconds: docs/BENCHMARKS.md, "Facts").
     gc.freeze()
@@ -76,6 +76,4 @@ def _all_of(callbacks: list[Callable[[Any], None]]) -> Callable[[Any], None]:
 
 
 if __name__ == "__main__":
-    from stratoflow.distributed.launcher import child_main
-
     child_main(main, "training")

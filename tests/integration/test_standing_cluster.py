@@ -21,7 +21,7 @@ import pytest
 
 from stratoflow.config import clusters, names
 from stratoflow.distributed import cluster
-from stratoflow.distributed.launcher import READY_MARKER
+from stratoflow.distributed.protocol import READY_MARKER
 from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 from tests.support.processes import (

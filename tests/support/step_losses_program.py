@@ -35,7 +35,7 @@ def main(payload_path: str, result_path: str) -> None:
     strategy = make_strategy(specs[0].training)  # before any other TensorFlow op
 
     from stratoflow.data.datasets import DatasetRef
-    from stratoflow.distributed.launcher import READY_MARKER
+    from stratoflow.distributed.protocol import READY_MARKER
     from stratoflow.training.trainer import train
 
     sys.stdout.write(READY_MARKER + "\n")

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from stratoflow.config import assets, names, settings
-from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, STRATEGIES, WORKER_CHOICES
+from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, WORKER_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.spec import list_pipelines, load_spec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 
 TASK_IDS = ["prepare_dataset", "train_model", "evaluate_model", "log_and_register"]

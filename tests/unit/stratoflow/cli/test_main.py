@@ -18,8 +18,8 @@ import pytest
 
 from stratoflow.cli import main, runner
 from stratoflow.config import clusters, settings
-from stratoflow.config.options import STRATEGIES
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 from stratoflow.tracking import model_serving
 from tasks.run_context import resolve_config

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from stratoflow.cli import main, runner
-from stratoflow.config.options import STRATEGIES
 from stratoflow.config.params import benchmark_params, dag_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import load_spec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.training.strategy_benchmark import RULE, recommend
 
 

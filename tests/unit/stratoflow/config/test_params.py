@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from stratoflow.config import settings
-from stratoflow.config.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from stratoflow.config.options import LOOPS, REPLICA_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.spec import load_spec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 
 DAG_ID = "retrain_mnist"

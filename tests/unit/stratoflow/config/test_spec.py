@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from stratoflow.config.options import LOOPS, REPLICA_CHOICES, STRATEGIES
+from stratoflow.config.options import LOOPS, REPLICA_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import SPECS_DIR, list_pipelines, load_spec, parse_spec
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import TrainingConfig, resolve_training
 from stratoflow.training.validation import check_model, load_pipeline, resolve_run
 

@@ -46,9 +46,11 @@ def test_a_native_tensorflow_crash_becomes_a_clear_failure():
 
 
 def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp_path):
-    payload = {"pipeline": "no_such_pipeline", "config": {}}
+    from stratoflow.distributed.protocol import TrainingPayload
+
+    payload = TrainingPayload("no_such_pipeline", {}, {}, str(tmp_path), "", "")
     with pytest.raises(ChildProcessFailed, match="failed: SpecError: .*missing required key"):
-        run_python_module("stratoflow.training.worker", payload, name="training process")
+        run_python_module("stratoflow.training.worker", payload.to_json(), name="training process")
 
 
 def test_a_result_is_returned():

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
-from stratoflow.config.options import STRATEGIES
+from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import TrainingConfig
 
 
-def test_factory_and_options_list_the_same_strategies():
+def test_every_description_names_a_builder_and_every_builder_is_named():
     from stratoflow.training import strategies
 
-    assert set(strategies._BUILDERS) == set(STRATEGIES)
+    assert {described.builder for described in STRATEGIES.values()} == set(strategies.BUILDERS)
 
 
 @pytest.mark.parametrize(

@@ -111,16 +111,17 @@ def in_process(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int
 @pytest.fixture(scope="module")
 def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, int], dict]:
     """(pipeline, multi_worker_mirrored, seed) → the same, from one 2-worker launch for all."""
-    from stratoflow.distributed import cluster, launcher
+    from stratoflow.config.strategies import planned_members
+    from stratoflow.distributed import launcher
 
     keys = list(itertools.product(PIPELINES, SEEDS))
     specs = [equivalence_spec(pipeline, "multi_worker_mirrored", seed) for pipeline, seed in keys]
-    build_members, result_from = cluster.training_members(specs[0].training)
+    plan = planned_members(specs[0].training)
 
     def members() -> list[launcher.Member]:
         return [
             dataclasses.replace(member, module="tests.support.step_losses_program")
-            for member in build_members()
+            for member in launcher.local_members(plan)
         ]
 
     payload = {
@@ -141,7 +142,7 @@ def multi_worker(datasets, held_out, tmp_path_factory) -> dict[tuple[str, str, i
     # losses part from step 5, 2.3e-4 by step 10): the host's kernels, not the strategy.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TF_NUM_INTRAOP_THREADS", str(len(os.sched_getaffinity(0))))
-        result = launcher.run_cluster(members, result_from, payload)
+        result = launcher.run_cluster(members, plan.result_from, payload)
     runs = {}
     for (pipeline, seed), run in zip(keys, result["runs"], strict=True):
         assert (run["num_workers"], run["num_replicas"]) == (2, 2)
