@@ -138,13 +138,13 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     import tensorflow as tf
 
     from benchmarks.generated_data import NAME
-    from stratoflow.config import settings
+    from stratoflow.config import locations
     from stratoflow.config.spec import DatasetSpec, load_spec
     from stratoflow.data.datasets import prepare_dataset
     from stratoflow.training.objectives import Objective
     from stratoflow.training.trainer import CustomLoopEpoch, make_epoch_batches
 
-    dataset = prepare_dataset(DatasetSpec(NAME, "1.0.0", "bench"), settings.data_dir())
+    dataset = prepare_dataset(DatasetSpec(NAME, "1.0.0", "bench"), locations.data_dir())
     base = load_spec("mnist")  # its model (small_cnn), its seed and learning rate
     spec = dataclasses.replace(
         base, training=dataclasses.replace(base.training, batch_size=STREAM_BATCH)

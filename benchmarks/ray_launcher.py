@@ -178,10 +178,10 @@ def _member(hosts: Any, job: str, index: int) -> Any:
 def _at_first_checkpoint(
     process: subprocess.Popen[bytes], act: Callable[[], dict[str, Any]]
 ) -> dict[str, Any]:
-    from stratoflow.config import settings
+    from stratoflow.config import locations
 
     since = time.time()
-    runs = settings.state_dir() / "runs"
+    runs = locations.state_dir() / "runs"
     while process.poll() is None:
         if any(path.stat().st_mtime > since for path in runs.glob("*/*/checkpoints/ckpt-1.index")):
             return act()

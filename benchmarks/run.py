@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.in_process import STREAM_BATCH
 from benchmarks.throwaway import use_throwaway_state
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.services import airflow_setup
 
 logger = logging.getLogger("benchmarks")
@@ -119,7 +119,7 @@ def _streaming() -> dict[str, Any]:
         figures = _in_process(
             "streaming",
             str(STREAMING_BUDGET_MIB),
-            env={settings.DATA_DIR_ENV: str(data_dir)},
+            env={locations.DATA_DIR_ENV: str(data_dir)},
         )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
@@ -201,7 +201,7 @@ def _epoch_logging(home: Path) -> dict[str, float]:
     from stratoflow.distributed.cluster import free_ports
     from stratoflow.tracking import mlflow_runs
 
-    local_uri = settings.tracking_uri()
+    local_uri = locations.tracking_uri()
     seconds = {"sqlite": _time_epoch_logger(local_uri)}
     port = free_ports(1)[0]
     server = subprocess.Popen(
@@ -221,7 +221,7 @@ def _epoch_logging(home: Path) -> dict[str, float]:
         server.terminate()
         server.wait(timeout=30)
         # MLflow's set_tracking_uri also sets $MLFLOW_TRACKING_URI, which the DAG run inherits.
-        os.environ[settings.TRACKING_URI_ENV] = local_uri
+        os.environ[locations.TRACKING_URI_ENV] = local_uri
         mlflow_runs.client(local_uri)
     return seconds
 

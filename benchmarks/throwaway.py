@@ -7,7 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 
 
 def use_throwaway_state() -> Path:
@@ -16,9 +16,9 @@ def use_throwaway_state() -> Path:
     home = Path(tempfile.mkdtemp(prefix="stratoflow-bench-"))
     os.environ.update(
         {
-            settings.DATA_DIR_ENV: str(settings.data_dir()),
-            settings.STATE_DIR_ENV: str(home),
-            settings.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
+            locations.DATA_DIR_ENV: str(locations.data_dir()),
+            locations.STATE_DIR_ENV: str(home),
+            locations.TRACKING_URI_ENV: f"sqlite:///{home / 'mlflow.db'}",
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "TF_CPP_MIN_LOG_LEVEL": "2",
         }

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.config.spec import load_spec
 from tasks.run_context import AirflowRun
 
@@ -27,7 +27,7 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) ->
             conf): only its folder is removed, and MLflow is not asked (importing and
             connecting to it is most of this callback's time).
     """
-    settings.remove_run_dir(run.dag_id, run.run_id)
+    locations.remove_run_dir(run.dag_id, run.run_id)
     if not tracked:
         return
     from stratoflow.tracking import mlflow_runs, model_registry
@@ -69,7 +69,7 @@ def clean_up_stopped_run(pipeline: str, run: AirflowRun) -> list[str]:
     """
     from stratoflow.tracking import mlflow_runs, model_registry
 
-    settings.remove_run_dir(run.dag_id, run.run_id)
+    locations.remove_run_dir(run.dag_id, run.run_id)
     mlflow_runs.check_reachable()
     ended = mlflow_runs.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
     model = load_spec(pipeline).registered_model

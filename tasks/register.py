@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.tracking.model_registry import RegistrationResult
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
@@ -61,7 +61,7 @@ def log_and_register(
     )
     mlflow_runs.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
-    settings.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
+    locations.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
     logger.info(
         "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
     )

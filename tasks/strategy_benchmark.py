@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec, load_spec
@@ -219,8 +219,8 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     strategy_spec = replace(spec, training=training)
     dataset = entry.dataset
     child_run_id = _fresh_child_run(strategy_spec, run, entry.parent_run_id, dataset.to_dict())
-    run_dir = settings.run_dir(run.dag_id, run.run_id) / strategy
-    settings.remove_run_dir(run.dag_id, run.run_id, strategy)
+    run_dir = locations.run_dir(run.dag_id, run.run_id) / strategy
+    locations.remove_run_dir(run.dag_id, run.run_id, strategy)
     try:
         if entry.unavailable:
             raise StrategyUnavailableError(
@@ -250,7 +250,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
         mlflow_runs.finish_run(child_run_id, status="FAILED")
         raise
     finally:
-        settings.remove_run_dir(run.dag_id, run.run_id, strategy)  # the benchmark keeps no model
+        locations.remove_run_dir(run.dag_id, run.run_id, strategy)  # the benchmark keeps no model
     logger.info("%s: test_accuracy %.4f", entry.label, evaluation.test_accuracy)
     return StrategyResult(
         strategy=strategy, mlflow_run_id=child_run_id, test_accuracy=evaluation.test_accuracy
@@ -380,7 +380,7 @@ def mark_parent_failed(pipeline: str, run: AirflowRun) -> None:
             mlflow_runs.finish_run(parent.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not mark the benchmark run of %s failed", run.run_id)
-    settings.remove_run_dir(run.dag_id, run.run_id)
+    locations.remove_run_dir(run.dag_id, run.run_id)
 
 
 def _parent_identity(run: AirflowRun) -> dict[str, str]:

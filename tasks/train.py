@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.spec import PipelineSpec
 from stratoflow.config.strategies import planned_members
 from stratoflow.data.datasets import DatasetRef
@@ -73,7 +73,7 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
         triggered_by=run.triggered_by,
     )
     result = run_training(
-        spec, prepared.dataset, settings.run_dir(run.dag_id, run.run_id), mlflow_run_id
+        spec, prepared.dataset, locations.run_dir(run.dag_id, run.run_id), mlflow_run_id
     )
     return TrainedModel(
         mlflow_run_id=mlflow_run_id,
@@ -112,7 +112,7 @@ def run_training(
         config=config,
         dataset=dataset.to_dict(),
         run_dir=str(run_dir),
-        tracking_uri=settings.tracking_uri(),
+        tracking_uri=locations.tracking_uri(),
         mlflow_run_id=mlflow_run_id,
     )
     training = spec.training

@@ -189,12 +189,12 @@ def tf_runtime():
 def fresh_mlflow_client(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[object]:
     """For a module-scoped fixture: an MlflowClient on a new SQLite store, set as the tracking
     URI (so Airflow subprocesses started meanwhile use it too) until the fixture ends."""
-    from stratoflow.config import settings
+    from stratoflow.config import locations
     from stratoflow.tracking import mlflow_runs
 
     store = tmp_path_factory.mktemp(name) / "mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        patch.setenv(locations.TRACKING_URI_ENV, f"sqlite:///{store}")
         yield mlflow_runs.client()
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 
-ROOT = settings.PROJECT_ROOT
+ROOT = locations.PROJECT_ROOT
 PACKAGES = ("stratoflow", "tasks", "dags", "pipelines", "benchmarks")
 
 

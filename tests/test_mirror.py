@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 
-ROOT = settings.PROJECT_ROOT
+ROOT = locations.PROJECT_ROOT
 TESTS = ROOT / "tests"
 UNIT = TESTS / "unit"
 TEST_ROOTS = ("unit", "integration", "deploy")

@@ -26,7 +26,7 @@ from typing import Any
 
 from stratoflow.cli.tables import format_table
 from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_label
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, load_spec
@@ -200,7 +200,7 @@ def _run_locally(
         raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
     check(pipeline, conf)
     # Run data (models, checkpoints, artifacts, the tracking and metadata DBs): owner only.
-    private_state_folder(settings.state_dir())
+    private_state_folder(locations.state_dir())
     home = airflow_home()
     env = airflow_env(home)
     try:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stratoflow.config import plugins, settings
+from stratoflow.config import locations, plugins
 from stratoflow.config.features import (
     CATEGORICAL,
     CLASSIFICATION,
@@ -178,7 +178,7 @@ def prepare_dataset(
 
     Args:
         spec: the dataset name, version, config and the split expression of each role.
-        data_dir: the TFDS data dir; default `stratoflow.config.settings.data_dir()`
+        data_dir: the TFDS data dir; default `stratoflow.config.locations.data_dir()`
             ($TFDS_DATA_DIR).
         folder: the pipeline's folder: where `spec.builder`, `spec.preprocess` and a relative
             `spec.image_folder` are found.
@@ -202,7 +202,7 @@ def prepare_dataset(
 
     import stratoflow.data.tfds_builders  # noqa: F401  (registers the bundled builders)
 
-    root = Path(data_dir if data_dir is not None else settings.data_dir()).resolve()
+    root = Path(data_dir if data_dir is not None else locations.data_dir()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     label = _label(spec.name, spec.config, spec.version)
     _check_roles(spec.splits)
@@ -620,7 +620,7 @@ class _DownloadGuard:
 
 
 def _probe_target(url: str) -> tuple[tuple[str, int], str] | None:
-    """(host, port) a download of `url` connects to first, honouring proxy settings."""
+    """(host, port) a download of `url` connects to first, honouring proxy locations."""
     parts = urllib.parse.urlsplit(url)
     defaults = {"http": 80, "https": 443, "ftp": 21}
     if parts.scheme not in defaults or not parts.hostname:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.config.strategies import ClusterPlan, PlannedMember
 from stratoflow.distributed.cluster import ClusterLayout, free_ports, member_env
@@ -76,13 +76,13 @@ POLL_INTERVAL_SECONDS = 0.5
 # Variables every member needs from this process: actors get the node's environment, not ours.
 # Each is allowlisted (`member_environment`); the team's own variables go with them.
 FORWARDED_ENV = (
-    settings.TRACKING_URI_ENV,
+    locations.TRACKING_URI_ENV,
     "MLFLOW_TRACKING_USERNAME",
     "MLFLOW_TRACKING_PASSWORD",
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_DISABLE_TELEMETRY",
-    settings.DATA_DIR_ENV,
-    settings.STATE_DIR_ENV,
+    locations.DATA_DIR_ENV,
+    locations.STATE_DIR_ENV,
     PIPELINES_PATH_ENV,  # a team's own pipelines: each node mounts them at the same path
     "TF_CPP_MIN_LOG_LEVEL",
     "TF_NUM_INTRAOP_THREADS",

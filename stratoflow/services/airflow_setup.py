@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib.metadata import version
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder
 from stratoflow.services.state_files import last_lines, write_private_text
 
@@ -31,7 +31,7 @@ class AirflowSetupError(RuntimeError):
 
 def airflow_home() -> Path:
     """The runner's Airflow home: `airflow/` in the state folder."""
-    return settings.state_dir() / "airflow"
+    return locations.state_dir() / "airflow"
 
 
 def airflow_env(home: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -47,18 +47,18 @@ def airflow_env(home: Path, base: Mapping[str, str] | None = None) -> dict[str, 
         the user's, so nothing may rely on relative defaults.
     """
     env = dict(os.environ if base is None else base)
-    python_path = [str(settings.PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    python_path = [str(locations.PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])]
     env.update(
         {
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(settings.DAGS_FOLDER),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(locations.DAGS_FOLDER),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
             "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(PARALLELISM),
-            settings.STATE_DIR_ENV: str(settings.state_dir()),
-            settings.TRACKING_URI_ENV: settings.tracking_uri(),
-            settings.DATA_DIR_ENV: str(settings.data_dir()),
+            locations.STATE_DIR_ENV: str(locations.state_dir()),
+            locations.TRACKING_URI_ENV: locations.tracking_uri(),
+            locations.DATA_DIR_ENV: str(locations.data_dir()),
             "PYTHONPATH": os.pathsep.join(python_path),
         }
     )

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from stratoflow.config import clusters, settings
+from stratoflow.config import clusters, locations
 from stratoflow.services import postgres
 
 POSTGRES = "postgres"
@@ -46,7 +46,7 @@ MLFLOW_SERVICE_USER = "stratoflow-airflow"
 PARALLELISM = 2
 # The Airflow plugins the api-server loads: stratoflow's limit on password guessing at
 # `POST /auth/token` (stratoflow.services.login_limit). docker-compose.yml names the same folder.
-AIRFLOW_PLUGINS_FOLDER = settings.PROJECT_ROOT / "deploy" / "airflow-plugins"
+AIRFLOW_PLUGINS_FOLDER = locations.PROJECT_ROOT / "deploy" / "airflow-plugins"
 # What FAB's auth manager is told (the compose deployment sets the same): users are read from the
 # metadata DB on every request (its user cache, `[fab] cache_ttl`, kept a deleted or deactivated
 # user's token working for 30 s), and its UI login form takes 5 posts per 40 s from one address
@@ -68,7 +68,7 @@ DATABASES = {"airflow": "airflow", "mlflow": "mlflow", "mlflow_auth": "mlflow"}
 
 def default_state_dir() -> Path:
     """Where `stratoflow services up` keeps its stack: `services/` in the stratoflow state dir."""
-    return settings.state_dir() / "services"
+    return locations.state_dir() / "services"
 
 
 def new_secrets() -> dict[str, str]:
@@ -222,7 +222,7 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
 
     return {
         "AIRFLOW_HOME": str(config.airflow_home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(settings.DAGS_FOLDER),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(locations.DAGS_FOLDER),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
@@ -245,14 +245,14 @@ def environment(component: str, config: StackConfig) -> dict[str, str]:
         **FAB_SETTINGS,
         **TASK_LOG_MODES,
         # The tasks' stores: the stack's MLflow server, datasets and run folders.
-        settings.STATE_DIR_ENV: str(config.state_dir),
-        settings.TRACKING_URI_ENV: config.mlflow_uri,
+        locations.STATE_DIR_ENV: str(config.state_dir),
+        locations.TRACKING_URI_ENV: config.mlflow_uri,
         # The tasks' MLflow account, read by MLflow's client from the environment.
         "MLFLOW_TRACKING_USERNAME": MLFLOW_SERVICE_USER,
         "MLFLOW_TRACKING_PASSWORD": config.mlflow_service_password,
-        settings.DATA_DIR_ENV: str(config.data_dir),
+        locations.DATA_DIR_ENV: str(config.data_dir),
         "MLFLOW_DISABLE_TELEMETRY": "true",
-        "PYTHONPATH": str(settings.PROJECT_ROOT),
+        "PYTHONPATH": str(locations.PROJECT_ROOT),
         # `launcher: ray` runs drive the stack's Ray head as the deployment's Ray cluster
         # `default`, if it runs one ("" otherwise: such a run is refused, naming ray_cluster),
         # with its token. The DAG processor reads it too: the Params list the cluster names.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.distributed.cluster import free_ports
 from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
 from stratoflow.services import postgres
@@ -106,7 +106,7 @@ class Stack:
     Args:
         state_dir: the stack's folder (created on `up`).
         attached: the components die with this process (tests) instead of outliving it (CLI).
-        data_dir: the TFDS data dir of the tasks; `stratoflow.config.settings.data_dir()` by
+        data_dir: the TFDS data dir of the tasks; `stratoflow.config.locations.data_dir()` by
         default.
     """
 
@@ -449,7 +449,7 @@ class Stack:
             state_dir=self.state_dir,
             ports=ports,
             secrets=stack_secrets,
-            data_dir=(self._data_dir or settings.data_dir()).resolve(),
+            data_dir=(self._data_dir or locations.data_dir()).resolve(),
         )
         for folder in (config.airflow_home, config.artifacts_dir, config.logs_dir):
             private_folder(folder)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def check_reachable(tracking_uri: str | None = None, attempts: int = REACHABILIT
     import urllib.error
     import urllib.request
 
-    uri = tracking_uri or settings.tracking_uri()
+    uri = tracking_uri or locations.tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return
     problem = ""
@@ -74,7 +74,7 @@ def check_reachable(tracking_uri: str | None = None, attempts: int = REACHABILIT
             problem = f"{type(error).__name__}: {getattr(error, 'reason', error)}"
     raise TrackingUnavailableError(
         f"MLflow at {uri} is unreachable ({problem}, {attempts} attempts); start the tracking "
-        f"server or fix {settings.TRACKING_URI_ENV}"
+        f"server or fix {locations.TRACKING_URI_ENV}"
     )
 
 
@@ -83,7 +83,7 @@ def client(tracking_uri: str | None = None) -> Any:
     import mlflow
     from mlflow import MlflowClient
 
-    uri = tracking_uri or settings.tracking_uri()
+    uri = tracking_uri or locations.tracking_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -98,7 +98,7 @@ def ensure_experiment(mlflow_client: Any, pipeline: str) -> str:
     location = None
     if mlflow_client.tracking_uri.startswith(("sqlite:", "file:", "/")):
         # A local store would otherwise put artifacts under ./mlruns of whatever cwd a task has.
-        location = (settings.artifact_root() / pipeline).as_uri()
+        location = (locations.artifact_root() / pipeline).as_uri()
     try:
         return str(mlflow_client.create_experiment(name, artifact_location=location))
     except Exception:  # another run created it meanwhile

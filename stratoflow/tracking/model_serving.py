@@ -3,7 +3,7 @@
 `mlflow models serve -m models:/<name>@champion` alone builds a virtualenv and pip-installs the
 model's requirements (TensorFlow) unless given `--env-manager local`, then needs `uvicorn` on
 PATH, and reads whatever tracking URI its shell has. Here the alias is resolved to one version on
-the store stratoflow uses (`settings.tracking_uri()`), that version is copied into a private
+the store stratoflow uses (`locations.tracking_uri()`), that version is copied into a private
 folder, and the scoring server (`mlflow.pyfunc.scoring_server` under this interpreter's
 `uvicorn`, what `--env-manager local` runs) serves the copy on 127.0.0.1. So the server needs no
 MLflow access: its environment keeps no MLflow credentials, only the command that resolved and
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.config.spec import load_spec
 from stratoflow.tracking import mlflow_runs
 
@@ -75,7 +75,7 @@ def resolve_model(pipeline: str, alias: str) -> ModelVersionToServe:
             aliases it has).
     """
     name = load_spec(pipeline).registered_model
-    uri = settings.tracking_uri()
+    uri = locations.tracking_uri()
     _check_store(uri, pipeline)  # before importing MLflow: seconds sooner when it fails
     from mlflow.exceptions import MlflowException
 
@@ -111,9 +111,9 @@ def _check_store(uri: str, pipeline: str) -> None:
     path = _local_store_path(uri)
     if path is not None and not path.exists():
         raise ServingError(
-            f"no MLflow tracking store at {path} ({settings.TRACKING_URI_ENV}={uri}): nothing "
+            f"no MLflow tracking store at {path} ({locations.TRACKING_URI_ENV}={uri}): nothing "
             f"was tracked there yet; train the pipeline first (`stratoflow run {pipeline}`) or "
-            f"point {settings.TRACKING_URI_ENV} at the store or server that has its model"
+            f"point {locations.TRACKING_URI_ENV} at the store or server that has its model"
         )
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import PipelineSpec
 
@@ -234,7 +234,7 @@ def claim_pipeline_names(spec: PipelineSpec, *, registered_model: bool = True) -
             message names each, its owner as far as MLflow tells, and the fix.
         ClaimError: MLflow refused to look them up or create them.
     """
-    uri = settings.tracking_uri()
+    uri = locations.tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return
     claims = claim_names(mlflow_rest(uri), pipeline_names(spec, registered_model=registered_model))

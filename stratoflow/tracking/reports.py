@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.tracking import mlflow_runs
 
 # Where `mlflow ui` serves by default (the address `ui_command` starts it on).
@@ -35,7 +35,7 @@ def describe_dag_run(pipeline: str, dag_id: str, run_id: str | None = None) -> d
         run = runs[0] if runs else None
     if run is None:
         raise LookupError(
-            f"no MLflow run of {dag_id} {run_id or '(latest)'} in {settings.tracking_uri()}"
+            f"no MLflow run of {dag_id} {run_id or '(latest)'} in {locations.tracking_uri()}"
         )
     spec_model = mlflow_runs.registered_model_name(pipeline)
     version = run.data.tags.get(names.VERSION_TAG)
@@ -79,7 +79,7 @@ def compare_runs(
         missing = sorted(set(run_ids) - {run.info.run_id for run in runs})
         if missing:
             raise LookupError(
-                f"not a run of pipeline {pipeline} in {settings.tracking_uri()}: "
+                f"not a run of pipeline {pipeline} in {locations.tracking_uri()}: "
                 f"{', '.join(missing)}"
             )
     else:
@@ -150,17 +150,17 @@ def compare_url(run_ids: Sequence[str], experiment_ids: Sequence[str]) -> str:
 
 def serves_ui() -> bool:
     """Whether the tracking URI is a server (which serves the UI) rather than a local store."""
-    return settings.tracking_uri().startswith(("http://", "https://"))
+    return locations.tracking_uri().startswith(("http://", "https://"))
 
 
 def ui_base_url() -> str:
     """The MLflow UI's address: the tracking server's, else where `mlflow ui` serves by default."""
-    return settings.tracking_uri().rstrip("/") if serves_ui() else DEFAULT_UI_URL
+    return locations.tracking_uri().rstrip("/") if serves_ui() else DEFAULT_UI_URL
 
 
 def ui_command() -> str:
     """The command that opens the MLflow UI on the configured store."""
-    uri = settings.tracking_uri()
+    uri = locations.tracking_uri()
     if serves_ui():
         return f"open {uri}"
     port = urllib.parse.urlsplit(DEFAULT_UI_URL).port

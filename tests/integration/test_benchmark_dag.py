@@ -11,7 +11,7 @@ import sqlite3
 import pytest
 
 from stratoflow.cli import runner
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 
@@ -142,7 +142,7 @@ def test_the_benchmark_registers_nothing_and_keeps_no_model(benchmark, mlflow_cl
     _, _, parent, _ = benchmark
     assert list(mlflow_client.search_model_versions("name = 'stratoflow-digits'")) == []
     assert list(mlflow_client.search_registered_models()) == []
-    dag_run_dir = settings.run_dir(
+    dag_run_dir = locations.run_dir(
         "benchmark_strategies_digits", parent.data.tags["airflow.run_id"]
     )
     assert not dag_run_dir.exists() or not any(dag_run_dir.rglob("*.keras"))

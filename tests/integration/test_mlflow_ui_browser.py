@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from stratoflow.cli import main
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from tests.support.images import colour_pixels, png_size
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-ARTIFACTS_DIR = settings.PROJECT_ROOT / "test-artifacts"
+ARTIFACTS_DIR = locations.PROJECT_ROOT / "test-artifacts"
 SERVER_START_SECONDS = 180
 PAGE_RENDER_MS = 120_000
 STRATEGIES = ("one_device", "mirrored")
@@ -93,7 +93,7 @@ def mlflow_server(tmp_path_factory):
                 assert time.monotonic() < deadline, "mlflow server did not come up"
                 time.sleep(0.5)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(settings.TRACKING_URI_ENV, url)
+            patch.setenv(locations.TRACKING_URI_ENV, url)
             yield url
     finally:
         server.terminate()

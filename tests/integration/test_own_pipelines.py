@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from stratoflow.cli import main, runner
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from tests.support.images import write_bar_images
 from tests.support.processes import ServeModel
 from tests.support.secret_sentinels import (
@@ -99,7 +99,7 @@ def environment_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def own_pipelines(tmp_path_factory: pytest.TempPathFactory, environment_dumps: Path) -> Path:
     """A team's folder of pipelines, outside the repository, on STRATOFLOW_PIPELINES_PATH."""
     team = tmp_path_factory.mktemp("team-pipelines")
-    assert settings.PROJECT_ROOT not in team.parents
+    assert locations.PROJECT_ROOT not in team.parents
     shapes = team / "shapes"
     shapes.mkdir()
     (shapes / "pipeline.yaml").write_text(SHAPES_YAML)
@@ -129,7 +129,7 @@ def mlflow_client(tmp_path_factory):
 
     store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        patch.setenv(locations.TRACKING_URI_ENV, f"sqlite:///{store}")
         yield mlflow_runs.client()
 
 
@@ -406,7 +406,7 @@ def test_a_broken_pipeline_is_in_airflows_import_errors_and_the_others_are_dags(
 
     broken = tmp_path / "team" / "broken"
     broken.mkdir(parents=True)
-    spec = (settings.PROJECT_ROOT / "pipelines" / "digits" / "pipeline.yaml").read_text()
+    spec = (locations.PROJECT_ROOT / "pipelines" / "digits" / "pipeline.yaml").read_text()
     (broken / "pipeline.yaml").write_text(spec.replace("builder: mlp", "builder: resnet"))
     home = tmp_path / "airflow"
     home.mkdir()

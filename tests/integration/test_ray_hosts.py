@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from stratoflow.cli import runner
-from stratoflow.config import clusters, names, settings
+from stratoflow.config import clusters, locations, names
 from stratoflow.services.airflow_setup import airflow_command
 from tests.conftest import fresh_mlflow_client
 from tests.support.processes import run_dag
@@ -105,7 +105,7 @@ def host_of(hosts: RayHosts, pid: int) -> str:
 
 
 def first_checkpoint_after(started: float) -> Callable[[], bool]:
-    runs = settings.state_dir() / "runs"
+    runs = locations.state_dir() / "runs"
 
     def written() -> bool:
         return any(

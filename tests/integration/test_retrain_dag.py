@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from stratoflow.cli import main, runner
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 from tests.support.file_modes import exposed_paths
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 def fresh_tracking_store(tmp_path_factory):
     store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+        patch.setenv(locations.TRACKING_URI_ENV, f"sqlite:///{store}")
         yield
 
 
@@ -119,7 +119,7 @@ def test_what_the_run_wrote_is_its_owners_only(default_mnist_run, mlflow_client)
     from mlflow.utils.file_utils import local_file_uri_to_path
 
     (run, *_) = runs_of(mlflow_client, "mnist")
-    run_folder = settings.run_dir("retrain_mnist", run.data.tags["airflow.run_id"])
+    run_folder = locations.run_dir("retrain_mnist", run.data.tags["airflow.run_id"])
     artifacts = Path(local_file_uri_to_path(run.info.artifact_uri)).parent
     assert list(run_folder.iterdir()), f"nothing in the run folder {run_folder}"
     assert list(artifacts.rglob("*.png")), f"no figure under {artifacts}"
@@ -169,7 +169,7 @@ def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
         for r in runs_of(mlflow_client, "digits")
         if r.data.tags["strategy"] != "tpu"  # the promote: false run's, if it ran first
     ]
-    dag_run_dir = settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"])
+    dag_run_dir = locations.run_dir("retrain_digits", run.data.tags["airflow.run_id"])
     assert not dag_run_dir.exists()
 
 
@@ -195,7 +195,7 @@ def store_refusing_to_finish_registered_runs(tmp_path_factory):
 
     for mlflow_client in fresh_mlflow_client(tmp_path_factory, "mlflow-refusing"):
         mlflow_client.search_experiments()  # creates the schema
-        store = Path(settings.tracking_uri().removeprefix("sqlite:///"))
+        store = Path(locations.tracking_uri().removeprefix("sqlite:///"))
         with sqlite3.connect(store) as connection:
             connection.execute(
                 f"""CREATE TRIGGER refuse_to_finish BEFORE UPDATE OF status ON runs
@@ -221,7 +221,7 @@ def test_a_run_that_fails_after_registering_deletes_its_version_and_aliases(
     # ... and the failure callback deleted the version, and with it both aliases.
     assert list(mlflow_client.search_model_versions("name = 'stratoflow-digits'")) == []
     assert model_registry.alias_targets(mlflow_client, "stratoflow-digits") == {}
-    assert not settings.run_dir("retrain_digits", run.data.tags["airflow.run_id"]).exists()
+    assert not locations.run_dir("retrain_digits", run.data.tags["airflow.run_id"]).exists()
 
 
 @contextlib.contextmanager
@@ -234,7 +234,7 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
     import mlflow
 
     saved = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
-    saved_env = os.environ.get(settings.TRACKING_URI_ENV)
+    saved_env = os.environ.get(locations.TRACKING_URI_ENV)
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
@@ -243,9 +243,9 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
         mlflow.set_tracking_uri(saved[0])
         mlflow.set_registry_uri(saved[1])
         if saved_env is None:
-            os.environ.pop(settings.TRACKING_URI_ENV, None)
+            os.environ.pop(locations.TRACKING_URI_ENV, None)
         else:
-            os.environ[settings.TRACKING_URI_ENV] = saved_env
+            os.environ[locations.TRACKING_URI_ENV] = saved_env
 
 
 def readme_section(title: str) -> str:
@@ -346,7 +346,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     # The model: the champion loads with the README's own line, and predicts.
     (model_uri,) = re.findall(r'`mlflow\.keras\.load_model\("(models:/[^"]+)"\)`', section)
     assert model_uri == "models:/stratoflow-mnist@champion"
-    with mlflow_pointed_at(settings.tracking_uri()):  # as a user's shell would be
+    with mlflow_pointed_at(locations.tracking_uri()):  # as a user's shell would be
         model = mlflow.keras.load_model(model_uri)
     images, labels = datasets.load_arrays(reference, "test")
     predictions = np.asarray(model.predict(images[:500], verbose=0))
@@ -459,7 +459,7 @@ def test_a_failed_run_with_id_dot_removes_its_own_folder_and_no_other(mlflow_cli
     dag_id = "retrain_digits"
     others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b"]
     for other in [*others, "."]:
-        folder = settings.run_dir(dag_id, other)
+        folder = locations.run_dir(dag_id, other)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.keras").write_text(other)
 
@@ -467,6 +467,6 @@ def test_a_failed_run_with_id_dot_removes_its_own_folder_and_no_other(mlflow_cli
 
     assert result.state == "failed", result.output[-3000:]
     for other in others:
-        assert (settings.run_dir(dag_id, other) / "model.keras").read_text() == other
-    assert not settings.run_dir(dag_id, ".").exists()  # the clean-up ran, for this run
+        assert (locations.run_dir(dag_id, other) / "model.keras").read_text() == other
+    assert not locations.run_dir(dag_id, ".").exists()  # the clean-up ran, for this run
     assert result.tries == {"prepare_dataset": 1}

@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from stratoflow.cli import runner
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 
@@ -82,7 +82,7 @@ class Training:
 
 
 def start_training(mlflow_client: Any) -> Training:
-    env = {**os.environ, "PYTHONPATH": str(settings.PROJECT_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(locations.PROJECT_ROOT)}
     earlier = {run.info.run_id for run in mlflow_runs(mlflow_client)}
     process = subprocess.Popen(
         [sys.executable, "-m", "stratoflow.cli.main", *RUN],
@@ -204,7 +204,7 @@ def stop_cleanly(
     assert epochs_at_exit <= epochs_at_signal + 1  # at most the epoch that was being logged
     time.sleep(5)
     assert logged_epochs(mlflow_client, run_id) == epochs_at_exit
-    assert not settings.run_dir("retrain_mnist", dag_run_id).exists()
+    assert not locations.run_dir("retrain_mnist", dag_run_id).exists()
 
 
 def test_ctrl_c_stops_the_whole_run_and_marks_it_killed(mlflow_client: Any, airflow_db: Path):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from stratoflow.config import assets, names, settings
+from stratoflow.config import assets, locations, names
 from stratoflow.config.options import LOOPS, PS_CHOICES, REPLICA_CHOICES, WORKER_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.spec import list_pipelines, load_spec
@@ -95,7 +95,7 @@ _PARSE_SCRIPT = textwrap.dedent(
 def _parse(session_home: Path, heavy: list[str], **env: str) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix="airflow-dagbag-", dir=session_home))
     result = subprocess.run(
-        [sys.executable, "-c", _PARSE_SCRIPT, str(settings.DAGS_FOLDER), ",".join(heavy)],
+        [sys.executable, "-c", _PARSE_SCRIPT, str(locations.DAGS_FOLDER), ",".join(heavy)],
         env={**airflow_setup.airflow_env(home), **env},
         capture_output=True,
         text=True,
@@ -123,7 +123,7 @@ def build(features, target, width=8):
 def _user_pipeline(folder: Path, builder: str) -> Path:
     """A pipeline folder of its own: the mnist spec with `model.builder` replaced."""
     folder.mkdir(parents=True)
-    spec = (settings.PROJECT_ROOT / "pipelines" / "mnist" / "pipeline.yaml").read_text()
+    spec = (locations.PROJECT_ROOT / "pipelines" / "mnist" / "pipeline.yaml").read_text()
     spec = spec.replace("builder: small_cnn", f"builder: {builder!r}")
     spec = spec.replace("filters: [32, 64], dense_units: 128, dropout: 0.0", "width: 4")
     (folder / "pipeline.yaml").write_text(spec.replace("stratoflow-mnist", f"my-{folder.name}"))

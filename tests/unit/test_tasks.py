@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.parsing import SpecError
 from tasks.run_context import AirflowRun
 from tests.support.images import png_size
@@ -121,7 +121,7 @@ def test_digits_pipeline_end_to_end(digits_run):
     assert registered.version == mlflow_run.data.tags[names.VERSION_TAG]
     assert "challenger" in registered.aliases
     assert registered.mlflow_run_id == mlflow_run.info.run_id
-    assert not (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
+    assert not (locations.run_dir(run.dag_id, run.run_id) / "checkpoints").exists()
 
 
 @pytest.mark.integration
@@ -259,7 +259,7 @@ def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     # No restart inside the task: the Airflow retry is what this checks.
     conf = {"epochs": 3, "seed": 3, "max_restarts": 0}
     prepared = through_xcom(prepare.prepare("mnist", conf, run))
-    run_dir = settings.run_dir(run.dag_id, run.run_id)
+    run_dir = locations.run_dir(run.dag_id, run.run_id)
     outcome: dict[str, object] = {}
 
     def attempt() -> None:
@@ -337,7 +337,7 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     assert names.VERSION_TAG not in mlflow_run.data.tags
     versions = mlflow_client.search_model_versions(f"run_id = '{mlflow_run.info.run_id}'")
     assert list(versions) == []
-    assert not Path(settings.run_dir(run.dag_id, run.run_id)).exists()
+    assert not Path(locations.run_dir(run.dag_id, run.run_id)).exists()
 
 
 @pytest.mark.integration
@@ -384,11 +384,11 @@ def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, 
     from tasks import clean_up
 
     run = new_run("digits")
-    (settings.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, "http://127.0.0.1:9")  # nothing listens
+    (locations.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, "http://127.0.0.1:9")  # nothing listens
 
     clean_up.clean_up_failed_run("digits", run, tracked=False)
-    assert not settings.run_dir(run.dag_id, run.run_id).exists()
+    assert not locations.run_dir(run.dag_id, run.run_id).exists()
     assert "cannot mark the MLflow run" not in caplog.text
 
     clean_up.clean_up_failed_run("digits", run)  # a tracked run: MLflow is asked, and says so
@@ -401,15 +401,15 @@ def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
     dag_id = "retrain_digits"
     others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b", ".a"]
     for run_id in [*others, "."]:
-        folder = settings.run_dir(dag_id, run_id) / "checkpoints"
+        folder = locations.run_dir(dag_id, run_id) / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "ckpt-1.index").write_text(run_id)
 
     clean_up.clean_up_failed_run("digits", AirflowRun(dag_id, "."))
 
-    assert not settings.run_dir(dag_id, ".").exists()
+    assert not locations.run_dir(dag_id, ".").exists()
     for run_id in others:
-        checkpoint = settings.run_dir(dag_id, run_id) / "checkpoints" / "ckpt-1.index"
+        checkpoint = locations.run_dir(dag_id, run_id) / "checkpoints" / "ckpt-1.index"
         assert checkpoint.read_text() == run_id
 
 

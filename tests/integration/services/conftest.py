@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.services import Stack, wait_for_dags
 from stratoflow.services.airflow_api import AirflowApi
 from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 def live(session_home: Path) -> Iterator[LiveStack]:
     """The whole stack, started once for this package, with this repo's DAGs parsed."""
     state = Path(tempfile.mkdtemp(prefix="stratoflow-services-"))
-    stack = Stack(state, attached=True, data_dir=settings.data_dir())
+    stack = Stack(state, attached=True, data_dir=locations.data_dir())
     try:
         report = stack.up()
         log.info("services: %s", report.describe())

@@ -28,7 +28,7 @@ import httpx
 import psutil
 import pytest
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.distributed.processes import group_members
 from stratoflow.services import Stack
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
@@ -242,7 +242,7 @@ def _kill_training_after_a_checkpoint(stack: Stack, record: LiveRuns) -> None:
     The process is found by its payload's run folder, which lies in this stack's state folder:
     no other process on the machine can match.
     """
-    run_dir = settings.run_dir(DIGITS, record.digits_run_id, stack.state_dir)
+    run_dir = locations.run_dir(DIGITS, record.digits_run_id, stack.state_dir)
     if not (run_dir / "checkpoints").is_dir():
         return  # training has not begun
     # Epochs now come every fraction of a second: watch closely, without the API polls.
@@ -439,7 +439,7 @@ def test_a_task_process_killed_on_every_try_leaves_no_mlflow_run_running(live: L
         failed_after,
         time.monotonic() - last_kill,
     )
-    assert not settings.run_dir(DIGITS, run_id, live.stack.state_dir).exists()
+    assert not locations.run_dir(DIGITS, run_id, live.stack.state_dir).exists()
     assert [pid for pid in killed if _alive(pid)] == []
 
 
@@ -490,7 +490,7 @@ def test_with_mlflow_down_a_run_fails_before_training_naming_the_uri_and_registe
     )
     versions_after = {v.version for v in mlflow.search_model_versions("name='stratoflow-digits'")}
     assert versions_after == versions_before
-    assert not settings.run_dir(DIGITS, run_id, stack.state_dir).exists()
+    assert not locations.run_dir(DIGITS, run_id, stack.state_dir).exists()
 
 
 # ----- stop ------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import scaffold, settings
+from stratoflow.config import locations, scaffold
 
-ROOT = settings.PROJECT_ROOT
+ROOT = locations.PROJECT_ROOT
 # The project's own top-level packages: an import of one of them is an import of project code.
 PROJECT_PACKAGES = ("stratoflow", "tasks", "dags", "pipelines", "benchmarks")
 # What importing `stratoflow.api` must not pull in (each costs seconds or is not installed where

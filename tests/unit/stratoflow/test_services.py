@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from stratoflow import services
-from stratoflow.config import assets, names, settings
+from stratoflow.config import assets, locations, names
 from stratoflow.services import config as stack_config
 from stratoflow.services import postgres
 from stratoflow.services.config import (
@@ -54,8 +54,8 @@ def test_airflow_components_share_one_configuration(config: StackConfig) -> None
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].endswith("@127.0.0.1:15432/airflow")
     assert 2 <= int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
     # The tasks log to the stack's MLflow server and keep runs in the stack's folder.
-    assert env[settings.TRACKING_URI_ENV] == "http://127.0.0.1:15000"
-    assert env[settings.STATE_DIR_ENV] == str(config.state_dir)
+    assert env[locations.TRACKING_URI_ENV] == "http://127.0.0.1:15000"
+    assert env[locations.STATE_DIR_ENV] == str(config.state_dir)
 
 
 def test_mlflow_uses_its_own_database_and_serves_artifacts(config: StackConfig) -> None:
@@ -101,7 +101,7 @@ def test_command_lines_bind_loopback_and_carry_no_secret(
 
 def test_environment_names_list_what_each_component_gets() -> None:
     airflow = stack_config.environment_names(API_SERVER)
-    assert "AIRFLOW__API_AUTH__JWT_SECRET" in airflow and settings.TRACKING_URI_ENV in airflow
+    assert "AIRFLOW__API_AUTH__JWT_SECRET" in airflow and locations.TRACKING_URI_ENV in airflow
     assert all(stack_config.environment_names(c) == airflow for c in AIRFLOW_COMPONENTS)
     assert "MLFLOW_BACKEND_STORE_URI" in stack_config.environment_names(MLFLOW)
 

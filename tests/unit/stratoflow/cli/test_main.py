@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from stratoflow.cli import main, runner
-from stratoflow.config import clusters, settings
+from stratoflow.config import clusters, locations
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
@@ -142,17 +142,17 @@ def test_airflow_env_points_airflow_and_the_stores_at_explicit_places(tmp_path: 
     assert env["PATH"] == "/bin"
     assert env["AIRFLOW_HOME"] == str(tmp_path / "af")
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path / 'af'}/airflow.db"
-    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(settings.PROJECT_ROOT / "dags")
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(locations.PROJECT_ROOT / "dags")
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert int(env["AIRFLOW__CORE__PARALLELISM"]) <= 4
-    assert env["STRATOFLOW_HOME"] == str(settings.state_dir())
-    assert env["MLFLOW_TRACKING_URI"] == settings.tracking_uri()
-    assert env["TFDS_DATA_DIR"] == str(settings.data_dir())
-    assert env["PYTHONPATH"].split(":") == [str(settings.PROJECT_ROOT), "/x"]
+    assert env["STRATOFLOW_HOME"] == str(locations.state_dir())
+    assert env["MLFLOW_TRACKING_URI"] == locations.tracking_uri()
+    assert env["TFDS_DATA_DIR"] == str(locations.data_dir())
+    assert env["PYTHONPATH"].split(":") == [str(locations.PROJECT_ROOT), "/x"]
 
 
 def test_the_runner_home_is_inside_the_state_dir() -> None:
-    assert airflow_setup.airflow_home() == settings.state_dir() / "airflow"
+    assert airflow_setup.airflow_home() == locations.state_dir() / "airflow"
 
 
 @pytest.mark.parametrize(
@@ -438,7 +438,7 @@ def test_serve_model_fails_fast_when_mlflow_is_unreachable(
     with socket.socket() as unused:  # a loopback port nothing listens on
         unused.bind(("127.0.0.1", 0))
         uri = f"http://127.0.0.1:{unused.getsockname()[1]}"
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, uri)
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, uri)
     monkeypatch.setattr(model_serving, "download_model", _must_not_run)
 
     started = time.monotonic()
@@ -452,7 +452,7 @@ def test_serve_model_refuses_a_tracking_store_that_does_not_exist(
 ) -> None:
     """A SQLite store that is not there is named, not created empty as a side effect."""
     store = tmp_path / "nothing-tracked" / "mlflow.db"
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{store}")
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, f"sqlite:///{store}")
     monkeypatch.setattr(model_serving, "download_model", _must_not_run)
 
     assert main.main(["serve-model", "diabetes", "--port", "0"]) == 1
@@ -501,7 +501,7 @@ def test_compare_refuses_a_run_id_that_is_not_a_run_of_the_pipeline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert main.main(["compare", "digits", "--run", "0" * 32]) == 1
-    assert f"not a run of pipeline digits in {settings.tracking_uri()}: {'0' * 32}" in caplog.text
+    assert f"not a run of pipeline digits in {locations.tracking_uri()}: {'0' * 32}" in caplog.text
 
 
 # --- stratoflow new-pipeline -----------------------------------------------------------------

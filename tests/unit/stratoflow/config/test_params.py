@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.config.options import LOOPS, REPLICA_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.spec import load_spec
@@ -176,7 +176,7 @@ def verdicts(session_home: Path) -> list[dict[str, Any]]:
             sys.executable,
             "-c",
             _VALIDATE_SCRIPT,
-            str(settings.DAGS_FOLDER),
+            str(locations.DAGS_FOLDER),
             DAG_ID,
             json.dumps(confs),
         ],

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.config.strategies import STRATEGIES
 
-ROOT = settings.PROJECT_ROOT
+ROOT = locations.PROJECT_ROOT
 SEARCHED = ("stratoflow", "tasks", "dags")
 DESCRIPTIONS = ROOT / "stratoflow" / "config" / "strategies.py"
 # Variables that hold something else spelled like a strategy (a Ray address may be "auto").

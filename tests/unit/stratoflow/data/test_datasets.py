@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from stratoflow.config.features import Features
-from stratoflow.config.settings import PROJECT_ROOT
+from stratoflow.config.locations import PROJECT_ROOT
 from stratoflow.config.spec import DatasetSpec, load_spec
 
 ROLES = ("train", "validation", "test")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import names, settings
+from stratoflow.config import locations, names
 from stratoflow.config.spec import ModelSpec, load_spec
 from tasks.run_context import AirflowRun
 from tests.support.processes import (
@@ -85,7 +85,7 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
     assert leftovers(private_tmpdir) == []  # no child work folder, no worker scratch
     if strategy == "multi_worker_mirrored":
         # Only the chief writes checkpoints, into the run folder.
-        checkpoints = settings.run_dir(run.dag_id, run.run_id) / "checkpoints"
+        checkpoints = locations.run_dir(run.dag_id, run.run_id) / "checkpoints"
         assert sorted(p.name for p in checkpoints.glob("ckpt-*.index")) == [
             "ckpt-3.index",
             "ckpt-4.index",
@@ -142,7 +142,7 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
         "max_restarts": 0,
     }
     prepared = prepare.prepare(FAULT_PIPELINE, params, run)
-    run_dir = settings.run_dir(run.dag_id, run.run_id)
+    run_dir = locations.run_dir(run.dag_id, run.run_id)
     job, index = victim.split()
     role = "ps" if job == "ps" else "worker"
 
@@ -193,7 +193,7 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     run = new_run(pipeline)
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": epochs, "seed": 5}
     prepared = prepare.prepare(pipeline, params, run)
-    run_dir = settings.run_dir(run.dag_id, run.run_id)
+    run_dir = locations.run_dir(run.dag_id, run.run_id)
     outcome: dict[str, object] = {}
     thread = threading.Thread(target=lambda: outcome.update(trained=train.train(run, prepared)))
     thread.start()

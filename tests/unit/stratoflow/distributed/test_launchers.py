@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import json
 
-from stratoflow.config import clusters, settings
+from stratoflow.config import clusters, locations
 from stratoflow.config.options import LAUNCHERS
 from stratoflow.config.strategies import planned_members
 from stratoflow.config.training import TrainingConfig
@@ -33,7 +33,7 @@ def test_the_run_setting_picks_the_implementation(monkeypatch):
 def test_no_task_chooses_a_launcher_by_name():
     """`tasks/` asks the registry; an if/else on the launcher's name would bypass it."""
     found = []
-    for path in sorted((settings.PROJECT_ROOT / "tasks").rglob("*.py")):
+    for path in sorted((locations.PROJECT_ROOT / "tasks").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):
                 operands = [node.left, *node.comparators]

@@ -10,7 +10,7 @@ import ast
 import re
 from pathlib import Path
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 
 CODE = ("stratoflow", "tasks", "dags")
 AIRFLOW_TABLES = r"(dag_run|task_instance|xcom|serialized_dag|dag_version|dag_model|job|dag)"
@@ -41,20 +41,20 @@ def _imports(tree: ast.AST) -> set[str]:
 def test_no_module_holds_sql_against_airflows_tables() -> None:
     found = []
     for package in CODE:
-        for path in sorted((settings.PROJECT_ROOT / package).rglob("*.py")):
+        for path in sorted((locations.PROJECT_ROOT / package).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             for text in _strings(tree):
                 if SQL_ON_AIRFLOW.search(text):
-                    found.append(f"{path.relative_to(settings.PROJECT_ROOT)}: {text.strip()[:70]}")
+                    found.append(f"{path.relative_to(locations.PROJECT_ROOT)}: {text.strip()[:70]}")
     assert found == []
 
 
 def test_the_cli_opens_no_database_connection_of_its_own() -> None:
     """The CLI reads and marks DAG runs through `airflow_runs` (Airflow's API in Airflow's
     environment), never with a database driver."""
-    cli = settings.PROJECT_ROOT / "stratoflow" / "cli"
+    cli = locations.PROJECT_ROOT / "stratoflow" / "cli"
     found = {
-        str(path.relative_to(settings.PROJECT_ROOT)): sorted(_imports(tree) & set(SQL_DRIVERS))
+        str(path.relative_to(locations.PROJECT_ROOT)): sorted(_imports(tree) & set(SQL_DRIVERS))
         for path in sorted(cli.rglob("*.py"))
         if (tree := ast.parse(path.read_text(), str(path)))
     }

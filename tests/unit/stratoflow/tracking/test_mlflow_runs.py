@@ -56,15 +56,15 @@ def test_a_retried_task_reuses_the_run_of_its_dag_run(digits_ref):
 
 
 def test_each_epoch_is_logged_once_even_when_logged_again(digits_ref):
-    from stratoflow.config import settings
+    from stratoflow.config import locations
     from stratoflow.tracking import mlflow_runs
 
     run_id = new_run(digits_ref)
     epoch = {"epoch": 1, "loss": 1.0, "accuracy": 0.5, "val_loss": 1.1, "val_accuracy": 0.4}
     epoch |= {"examples_per_second": 100.0}
-    mlflow_runs.EpochLogger(settings.tracking_uri(), run_id)(epoch)
+    mlflow_runs.EpochLogger(locations.tracking_uri(), run_id)(epoch)
     # A retry's logger starts from what MLflow already holds.
-    retry = mlflow_runs.EpochLogger(settings.tracking_uri(), run_id)
+    retry = mlflow_runs.EpochLogger(locations.tracking_uri(), run_id)
     retry.log_missing([epoch, {**epoch, "epoch": 2, "loss": 0.8}])
     history = mlflow_runs.client().get_metric_history(run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.8)]
@@ -76,14 +76,14 @@ def test_system_metrics_are_sampled_every_2_s_by_default(monkeypatch):
     logs a sample about every 2 s while the work runs (MLflow's own default is 10 s)."""
     import time
 
-    from stratoflow.config import settings
+    from stratoflow.config import locations
     from stratoflow.tracking import mlflow_runs, system_metrics
 
     monkeypatch.delenv(system_metrics.INTERVAL_ENV, raising=False)
     monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", raising=False)
     client = mlflow_runs.client()
     run_id = client.create_run(client.create_experiment(f"sampling-{uuid.uuid4().hex}")).info.run_id
-    with system_metrics.sampled_into(settings.tracking_uri(), run_id):
+    with system_metrics.sampled_into(locations.tracking_uri(), run_id):
         time.sleep(6.0)
         working_until = time.time()
     client.set_terminated(run_id)

@@ -7,19 +7,19 @@ import urllib.parse
 
 import pytest
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 from stratoflow.tracking import reports
 
 
 def test_a_local_store_links_to_where_mlflow_ui_serves(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, "sqlite:////tmp/x/mlflow.db")
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, "sqlite:////tmp/x/mlflow.db")
     url = reports.compare_url(["abc", "def"], ["3", "3"])
     assert url == 'http://127.0.0.1:5000/#/compare-runs?runs=["abc","def"]&experiments=["3"]'
     assert "--port 5000" in reports.ui_command()
 
 
 def test_a_tracking_server_links_to_its_own_ui(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, "https://mlflow.example.com/")
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, "https://mlflow.example.com/")
     url = reports.compare_url(["abc"], ["1", "2"])
     base, fragment = url.split("#")
     assert base == "https://mlflow.example.com/"
@@ -35,7 +35,7 @@ def test_compare_lists_the_retrain_runs_and_a_benchmark_run_only_when_picked(
 ):
     from stratoflow.tracking import mlflow_runs
 
-    monkeypatch.setenv(settings.TRACKING_URI_ENV, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv(locations.TRACKING_URI_ENV, f"sqlite:///{tmp_path / 'mlflow.db'}")
     mlflow_client = mlflow_runs.client()
     experiment_id = mlflow_runs.ensure_experiment(mlflow_client, "digits")
     run_ids = {

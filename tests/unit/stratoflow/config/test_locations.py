@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stratoflow.config import settings
+from stratoflow.config import locations
 
 DAG_ID = "retrain_digits"
 
@@ -78,7 +78,7 @@ def _airflow_validates(run_id: str) -> bool:
 
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(settings.STATE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(locations.STATE_DIR_ENV, str(tmp_path))
     return tmp_path
 
 
@@ -95,7 +95,7 @@ def test_every_id_gets_a_distinct_folder_strictly_inside_its_dag_folder(state: P
     ids = sorted(set(short + AIRFLOW_ACCEPTS + CONFIGURABLE))
     dag_dir = state / "runs" / DAG_ID
 
-    folders = [settings.run_dir(DAG_ID, run_id) for run_id in ids]
+    folders = [locations.run_dir(DAG_ID, run_id) for run_id in ids]
 
     assert len(set(folders)) == len(ids)
     for run_id, folder in zip(ids, folders, strict=True):
@@ -109,7 +109,7 @@ def test_every_id_gets_a_distinct_folder_strictly_inside_its_dag_folder(state: P
 def test_the_folders_exist_side_by_side_on_disk(state: Path) -> None:
     ids = AIRFLOW_ACCEPTS + [i for i in CONFIGURABLE if i != "a\x00b"]  # NUL: no file name has it
     for run_id in ids:
-        folder = settings.run_dir(DAG_ID, run_id)
+        folder = locations.run_dir(DAG_ID, run_id)
         folder.mkdir(parents=True)
         (folder / "owner.txt").write_text(run_id)
 
@@ -119,49 +119,49 @@ def test_the_folders_exist_side_by_side_on_disk(state: Path) -> None:
 
 
 def test_ordinary_ids_stay_readable() -> None:
-    assert settings.folder_name("manual__2026-12-02T19:02:11+00:00") == (
+    assert locations.folder_name("manual__2026-12-02T19:02:11+00:00") == (
         "manual__2026-12-02T19%3A02%3A11%2B00%3A00"
     )
-    assert settings.folder_name("retrain_digits") == "retrain_digits"
-    assert settings.folder_name(".") == "%2E"
-    long_name = settings.folder_name("x" * 250)
+    assert locations.folder_name("retrain_digits") == "retrain_digits"
+    assert locations.folder_name(".") == "%2E"
+    long_name = locations.folder_name("x" * 250)
     assert long_name.startswith("x" * 160 + "~") and len(long_name) == 225
     with pytest.raises(ValueError, match="empty"):
-        settings.folder_name("")
+        locations.folder_name("")
 
 
 @pytest.mark.parametrize("removed", [".", "a:b", "a_b", "Manual", "a\n", "x" * 250])
 def test_removing_a_run_folder_keeps_every_sibling(state: Path, removed: str) -> None:
     for run_id in AIRFLOW_ACCEPTS:
-        folder = settings.run_dir(DAG_ID, run_id)
+        folder = locations.run_dir(DAG_ID, run_id)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.keras").write_text(run_id)
     (state / "runs" / "retrain_mnist").mkdir()
 
-    assert settings.remove_run_dir(DAG_ID, removed)
+    assert locations.remove_run_dir(DAG_ID, removed)
 
-    assert not settings.run_dir(DAG_ID, removed).exists()
+    assert not locations.run_dir(DAG_ID, removed).exists()
     for run_id in AIRFLOW_ACCEPTS:
         if run_id != removed:
-            assert (settings.run_dir(DAG_ID, run_id) / "model.keras").read_text() == run_id
+            assert (locations.run_dir(DAG_ID, run_id) / "model.keras").read_text() == run_id
     assert (state / "runs" / "retrain_mnist").is_dir()
 
 
 def test_a_run_folder_that_resolves_elsewhere_is_refused_not_deleted(
     state: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sibling = settings.run_dir(DAG_ID, "manual__1")
+    sibling = locations.run_dir(DAG_ID, "manual__1")
     sibling.mkdir(parents=True)
     (sibling / "model.keras").write_text("keep")
     outside = state / "elsewhere"
     outside.mkdir()
     (outside / "data").write_text("keep")
-    settings.run_dir(DAG_ID, "linked").symlink_to(sibling)
-    settings.run_dir(DAG_ID, "escaping").symlink_to(outside)
+    locations.run_dir(DAG_ID, "linked").symlink_to(sibling)
+    locations.run_dir(DAG_ID, "escaping").symlink_to(outside)
 
-    with caplog.at_level(logging.ERROR, logger="stratoflow.config.settings"):
-        assert not settings.remove_run_dir(DAG_ID, "linked")
-        assert not settings.remove_run_dir(DAG_ID, "escaping")
+    with caplog.at_level(logging.ERROR, logger="stratoflow.config.locations"):
+        assert not locations.remove_run_dir(DAG_ID, "linked")
+        assert not locations.remove_run_dir(DAG_ID, "escaping")
 
     assert (sibling / "model.keras").read_text() == "keep"
     assert (outside / "data").read_text() == "keep"
@@ -169,17 +169,19 @@ def test_a_run_folder_that_resolves_elsewhere_is_refused_not_deleted(
 
 
 def test_a_part_of_a_run_folder_is_removed_alone(state: Path) -> None:
-    folder = settings.run_dir(DAG_ID, ".")
+    folder = locations.run_dir(DAG_ID, ".")
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "model.keras").write_text("model")
 
-    assert settings.remove_run_dir(DAG_ID, ".", "checkpoints")
+    assert locations.remove_run_dir(DAG_ID, ".", "checkpoints")
 
     assert not (folder / "checkpoints").exists()
     assert (folder / "model.keras").read_text() == "model"
 
 
 def test_dag_ids_map_the_same_way() -> None:
-    assert settings.run_dir("retrain_mnist", "r").parent.name == "retrain_mnist"
-    names = {settings.folder_name(dag_id) for dag_id in ("a.b", "a_b", "a-b", string.ascii_letters)}
+    assert locations.run_dir("retrain_mnist", "r").parent.name == "retrain_mnist"
+    names = {
+        locations.folder_name(dag_id) for dag_id in ("a.b", "a_b", "a-b", string.ascii_letters)
+    }
     assert len(names) == 4
