@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,8 +253,12 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     record = ManagedProcess.started(process)
     record_path = remember_dags_test(home, record)
     reader = TaskFailureReader()
+    outcome = DagRunOutcome()
     copier = threading.Thread(
-        target=_copy_output, args=(process, reader), name="dags-test-output", daemon=True
+        target=_copy_output,
+        args=(process, reader, outcome),
+        name="dags-test-output",
+        daemon=True,
     )
     copier.start()
     try:
@@ -266,7 +271,10 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         # A process it left behind may hold the pipe open: do not wait for it for long.
         copier.join(OUTPUT_DRAIN_SECONDS)
         record_path.unlink(missing_ok=True)
-    # `dags test` makes up its run id (manual__<time>); the metadata DB knows which it was.
+    # `dags test` makes up its run id (manual__<time>) and says it at the end of a run that
+    # finished; otherwise (a crash, a kill) the metadata DB knows which run it was.
+    if returncode == 0 and outcome.finished and outcome.finished[1] == "success":
+        return outcome.finished[0]
     try:
         latest = airflow_runs.overview(env, dag_id).latest
     except AirflowRunsError as error:
@@ -280,8 +288,27 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     return run[0]
 
 
-def _copy_output(process: subprocess.Popen[bytes], reader: TaskFailureReader) -> None:
-    """Copy the process's stdout to ours (file descriptor 1) and feed its lines to `reader`."""
+# Airflow's own last line of a DAG run that `dags test` ran to its end (airflow.models.dagrun).
+_FINISHED = re.compile(r"DagRun Finished: dag_id=[^,]+, .*?\brun_id=([^,\s]+), .*?\bstate=(\w+)")
+
+
+class DagRunOutcome:
+    """The run id and state `airflow dags test` reports for the DAG run it finished, read from
+    its output, so that a successful run needs no second Airflow start to learn its run id."""
+
+    def __init__(self) -> None:
+        self.finished: tuple[str, str] | None = None
+
+    def take_line(self, line: str) -> None:
+        if "DagRun Finished" in line and (match := _FINISHED.search(line)):
+            self.finished = (match[1], match[2])
+
+
+def _copy_output(
+    process: subprocess.Popen[bytes], reader: TaskFailureReader, outcome: DagRunOutcome
+) -> None:
+    """Copy the process's stdout to ours (file descriptor 1) and feed its lines to `reader`
+    and `outcome`."""
     assert process.stdout is not None
     copying = True
     for line in iter(process.stdout.readline, b""):
@@ -290,7 +317,9 @@ def _copy_output(process: subprocess.Popen[bytes], reader: TaskFailureReader) ->
                 _write_all(1, line)
             except OSError:  # our stdout was closed (`| head`): keep reading, stop copying
                 copying = False
-        reader.take_line(line.decode("utf-8", errors="replace"))
+        text = line.decode("utf-8", errors="replace")
+        reader.take_line(text)
+        outcome.take_line(text)
     reader.finish()
 
 

@@ -530,8 +530,10 @@ def describe(stack: Stack, report: StartReport | None = None, dags_seconds: floa
         return f"no stack in {stack.state_dir}\n"
     config = stack.config
     running = stack.running()
-    lines = [f"stack in {stack.state_dir}: {len(running)}/{len(COMPONENTS)} components running"]
-    if running and (stopped := [name for name in COMPONENTS if name not in running]):
+    # A stack started with `--ray` has one component more: the Ray head.
+    expected = [*COMPONENTS, *([RAY_HEAD] if config.ray_address else [])]
+    lines = [f"stack in {stack.state_dir}: {len(running)}/{len(expected)} components running"]
+    if running and (stopped := [name for name in expected if name not in running]):
         lines[0] += f" (not running: {', '.join(stopped)})"
     if report is not None:
         lines.append(f"  {report.describe()}; DAGs parsed {dags_seconds:.1f} s later")

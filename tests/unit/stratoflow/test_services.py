@@ -339,3 +339,18 @@ def test_rays_session_folders_lie_in_a_folder_only_the_stack_owner_may_enter(
     finally:  # the stack's own Ray folder, and nothing above it
         assert config.ray_private_dir.name.startswith("stratoflow-ray-")
         shutil.rmtree(config.ray_private_dir, ignore_errors=True)
+
+
+def test_a_stack_with_ray_counts_the_ray_head_among_its_components(tmp_path: Path) -> None:
+    """`services status` of a stack started with `--ray` says n/7, not n/6 ("7/6 running")."""
+    import shutil
+
+    from stratoflow.services.stack import describe
+
+    stack = services.Stack(tmp_path / "state")
+    stack.config = stack._prepare_config(ray=True)
+    try:
+        first_line = describe(stack).splitlines()[0]
+        assert first_line.endswith(f": 0/{len(COMPONENTS) + 1} components running"), first_line
+    finally:
+        shutil.rmtree(stack.config.ray_private_dir, ignore_errors=True)

@@ -40,3 +40,24 @@ def test_a_running_dags_test_is_still_known_after_a_wall_clock_step(tmp_path: Pa
         process.kill()
         process.wait()
     assert not runner.is_running_dags_test(tmp_path, process.pid)
+
+
+# What Airflow 3.3's `airflow dags test` logs at the end of the DAG run it ran (a real line).
+FINISHED_LINE = (
+    "2026-12-06T06:29:55.185869Z [info     ] DagRun Finished: dag_id=retrain_digits, "
+    "logical_date=2026-12-06 06:29:32.445688+00:00, run_id=manual__2026-12-06T06:29:33.200105"
+    "+00:00, run_start_date=2026-12-06 06:29:32.445688+00:00, run_end_date=2026-12-06 "
+    "06:29:55.185771+00:00, run_duration=22.740083, state=success, run_type=manual, "
+    "data_interval_start=2026-12-06 06:29:32.445688+00:00, data_interval_end=2026-12-06 "
+    "06:29:32.445688+00:00, [airflow.models.dagrun.DagRun] loc=dagrun.py:1315\n"
+)
+
+
+def test_the_finished_runs_id_and_state_are_read_from_the_output_of_dags_test() -> None:
+    outcome = runner.DagRunOutcome()
+    outcome.take_line("[info] Marking run <DagRun retrain_digits ...> successful\n")
+    assert outcome.finished is None
+    outcome.take_line(FINISHED_LINE)
+    assert outcome.finished == ("manual__2026-12-06T06:29:33.200105+00:00", "success")
+    outcome.take_line(FINISHED_LINE.replace("state=success", "state=failed"))
+    assert outcome.finished == ("manual__2026-12-06T06:29:33.200105+00:00", "failed")
