@@ -1,5 +1,5 @@
-"""What every task body shares: the DAG run it belongs to, the run's resolved configuration, and
-the checks that turn an XCom dict back into a typed result with a clear error.
+"""What every task body shares: the DAG run it belongs to, and the checks that turn an XCom dict
+back into a typed result with a clear error.
 
 Task bodies hand each other small dataclasses (`to_dict` for XCom, `from_dict` back); this module
 holds the pieces those dataclasses have in common. Importing it is cheap (no TensorFlow, no
@@ -18,9 +18,9 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import RunPlan
 from stratoflow.config.spec import PipelineSpec, parse_spec
 from stratoflow.data.datasets import DatasetRef
-from stratoflow.training.validation import resolve_run
 
 Step = TypeVar("Step", bound=Callable[..., Any])
 Value = TypeVar("Value")
@@ -34,7 +34,7 @@ class XComResult:
     """A task's typed result, which crosses XCom as a small JSON dict.
 
     A subclass is a dataclass naming the task whose XCom it is (`PRODUCER`). Its fields may be
-    JSON scalars, lists, dicts, `DatasetRef`, `PipelineSpec` (the run configuration) or other
+    JSON scalars, lists, dicts, `DatasetRef`, `RunPlan` (the run's plan), `PipelineSpec` or other
     dataclasses; `to_dict` turns them into JSON types and `from_dict` checks every key and type
     on the way back.
     """
@@ -58,6 +58,8 @@ class XComResult:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, DatasetRef):
+        return value.to_dict()
+    if isinstance(value, RunPlan):
         return value.to_dict()
     if isinstance(value, PipelineSpec):
         return config_to_dict(value)
@@ -88,6 +90,8 @@ def _typed_as(hint: Any, value: Any, key: str, what: str) -> Any:
             return DatasetRef.from_dict(typed(value, dict, key, what))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PayloadError(f"{what}: {key} is not a dataset reference: {error}") from None
+    if hint is RunPlan:
+        return plan_from_dict(value, f"{what}: {key}")
     if hint is PipelineSpec:
         return config_from_dict(value, f"{what}: {key}")
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
@@ -173,20 +177,24 @@ def triggered_by(dag_run: Any) -> str:
     return f"({getattr(run_type, 'value', run_type)})" if run_type else ""
 
 
-def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
-    """The pipeline spec with the run's Params applied to its training defaults, validated.
-
-    Called once per DAG run, by its first task; the result travels to the next tasks inside
-    their typed inputs (`config_to_dict` / `config_from_dict`).
+def plan_from_dict(data: Any, what: str) -> RunPlan:
+    """A run's plan from XCom (`RunPlan.to_dict` output), checked once (`RunPlan.from_dict`).
 
     Raises:
-        SpecError: an unknown Param or an invalid value or combination (named in the message).
+        PayloadError: not a plan; the message names where it came from and the field.
     """
-    return resolve_run(pipeline, params)
+    try:
+        return RunPlan.from_dict(data, what)
+    except SpecError as error:
+        raise PayloadError(str(error)) from None
 
 
 def config_to_dict(spec: PipelineSpec) -> dict[str, Any]:
-    """A resolved run configuration as plain JSON types (the pipeline name included)."""
+    """A strategy benchmark's configuration as plain JSON types (the pipeline name included).
+
+    A retrain run's configuration travels as its `RunPlan` instead (checked once, never
+    re-validated); the strategy benchmark still carries specs.
+    """
     return asdict(spec)
 
 

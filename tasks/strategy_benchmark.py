@@ -26,6 +26,7 @@ from typing import Any
 from stratoflow.config import locations, names
 from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import RunPlan
 from stratoflow.config.spec import PipelineSpec, load_spec
 from stratoflow.config.training import resolve_training
 from stratoflow.data.datasets import DatasetRef
@@ -226,7 +227,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
             raise StrategyUnavailableError(
                 f"strategy {strategy!r} cannot run on this host: {entry.unavailable}"
             )
-        result = run_training(strategy_spec, dataset, run_dir, child_run_id)
+        result = run_training(RunPlan.of(strategy_spec), dataset, run_dir, child_run_id)
         evaluation = score_test_split(
             dataset,
             result.model_path,

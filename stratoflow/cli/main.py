@@ -425,7 +425,7 @@ def _new_pipeline(args: argparse.Namespace) -> int:
 
 def _list() -> int:
     from stratoflow.cli.check import dag_ids
-    from stratoflow.training.validation import load_pipeline
+    from stratoflow.config.run_plan import load_pipeline
 
     rows, problems = [], []
     for name in list_pipelines():

@@ -29,6 +29,7 @@ from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_la
 from stratoflow.config import locations, names
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import resolve_plan
 from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.config.training import validate_params
 from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
@@ -43,7 +44,6 @@ from stratoflow.services.airflow_setup import (
 )
 from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder, private_state_folder
 from stratoflow.services.state_files import write_private
-from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
-    resolve_run(pipeline, conf)
+    resolve_plan(pipeline, conf)
 
 
 def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:

@@ -5,7 +5,7 @@ The schemas make Airflow itself refuse a bad trigger (UI form, REST API, `airflo
 the run, and the error names the field and, for a choice, the allowed values. A retrain DAG's
 Params come from the training settings' own metadata (`stratoflow.config.training`);
 combinations (e.g. a batch size that replicas cannot split) are checked when the run's first
-task starts (`stratoflow.training.validation.resolve_run`).
+task starts (`stratoflow.config.run_plan.resolve_plan`).
 
 This module imports no Airflow: the DAG files wrap each entry in `airflow.sdk.Param`.
 """
