@@ -112,21 +112,28 @@ def _stoppable(
     return run
 
 
-def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+def check_conf(pipeline: str, conf: Mapping[str, Any]) -> dict[str, Any]:
     """Refuse a bad run config before Airflow starts, with the messages Airflow would give.
 
     Airflow validates each Param against its JSON schema when it creates the DAG run; this does
     the same, and also refuses unknown keys and bad combinations (which Airflow would only
-    report when the first task starts).
+    report when the first task starts), by resolving the run's plan.
+
+    Returns:
+        The conf the plan resolved (every training setting, clusters named): what the DAG run
+        is given, so the run Airflow records is the one checked here.
 
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
-    resolve_plan(pipeline, conf)
+    return resolve_plan(pipeline, conf).conf()
 
 
-def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> dict[str, Any]:
     """`check_conf` for the strategy-benchmark DAG's Params (epochs, seed, strategies, tolerance).
+
+    Returns:
+        `conf` as given (the benchmark resolves each strategy's settings in its own tasks).
 
     Raises:
         SpecError: unknown pipeline, unknown key or invalid value.
@@ -141,6 +148,7 @@ def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
         )
     validate_params(benchmark_params(spec), conf)
     benchmark_spec(pipeline, dict(conf))
+    return dict(conf)
 
 
 @_stoppable
@@ -194,11 +202,11 @@ def _run_locally(
     pipeline: str,
     dag_id: str,
     conf: dict[str, Any],
-    check: Callable[[str, Mapping[str, Any]], None],
+    check: Callable[[str, Mapping[str, Any]], dict[str, Any]],
 ) -> str:
     if pipeline not in list_pipelines():
         raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
-    check(pipeline, conf)
+    conf = check(pipeline, conf)
     # Run data (models, checkpoints, artifacts, the tracking and metadata DBs): owner only.
     private_state_folder(locations.state_dir())
     home = airflow_home()

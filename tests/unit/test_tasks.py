@@ -372,7 +372,10 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
 
 
 @pytest.mark.integration
-def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
+def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime, tmp_path, monkeypatch):
+    import shutil
+
+    from stratoflow.config.spec import SPECS_DIR
     from stratoflow.tracking import mlflow_runs
     from tasks import clean_up, evaluate, prepare, register, train
 
@@ -382,6 +385,10 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
     registered = register.log_and_register(run, prepared, trained, evaluated)
     assert registered.promoted is False and registered.aliases == ["challenger"]
+    # The pipeline's definition no longer loads when the clean-up comes (a second folder claims
+    # its name): the clean-up reads none of it, it finds the run's versions by the run.
+    shutil.copytree(SPECS_DIR / "digits", tmp_path / "digits")
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
     clean_up.clean_up_failed_run("digits", run)
     mlflow_client = mlflow_runs.client()
     versions = mlflow_client.search_model_versions(f"run_id = '{trained.mlflow_run_id}'")
