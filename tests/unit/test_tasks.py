@@ -64,9 +64,11 @@ SAMPLING_SECONDS = 0.25
 def digits_run(tf_runtime):
     """The four tasks of a 6-epoch digits run, with the training child's output as it arrived
     (TensorFlow's warnings included), what MLflow logged while the model was registered, and
-    how often the run's training settings were checked (`check_training`) in this process.
+    how often the run's training settings were checked (`check_training`) and its spec parsed
+    (`parse_spec`) in this process.
 
     Each task gets its inputs as Airflow hands them over: the JSON of the XCom, read anew."""
+    from stratoflow.config.spec import parse_spec
     from stratoflow.config.training import check_training
     from stratoflow.tracking import system_metrics
     from tasks import evaluate, prepare, register, train
@@ -82,7 +84,7 @@ def digits_run(tf_runtime):
     patch = pytest.MonkeyPatch()
     patch.setenv(system_metrics.INTERVAL_ENV, str(SAMPLING_SECONDS))
     patch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the child shows TensorFlow's warnings (W lines)
-    with counting_calls(check_training) as checks:
+    with counting_calls(check_training) as checks, counting_calls(parse_spec) as parses:
         try:
             run = new_run("digits")
             params = {"epochs": 6}
@@ -111,6 +113,7 @@ def digits_run(tf_runtime):
         lines.records,
         mlflow_lines.records,
         checks[0],
+        parses[0],
     )
 
 
@@ -151,8 +154,9 @@ def test_digits_pipeline_end_to_end(digits_run):
 def test_a_run_checks_its_training_settings_once(digits_run):
     """Resolved once by the first task; the later tasks (and the training process, which reads
     the plan the same way: `tests/unit/stratoflow/config/test_run_plan.py`) take it as it is."""
-    checks = digits_run[7]
+    checks, parses = digits_run[7], digits_run[8]
     assert checks == 1, f"check_training ran {checks} times in one run's task process"
+    assert parses == 1, f"the spec was parsed {parses} times in one run's task process"
 
 
 @pytest.mark.integration
