@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.run_plan import RunPlan
-from stratoflow.config.spec import PipelineSpec, parse_spec
 from stratoflow.data.datasets import DatasetRef
 
 Step = TypeVar("Step", bound=Callable[..., Any])
@@ -34,7 +33,7 @@ class XComResult:
     """A task's typed result, which crosses XCom as a small JSON dict.
 
     A subclass is a dataclass naming the task whose XCom it is (`PRODUCER`). Its fields may be
-    JSON scalars, lists, dicts, `DatasetRef`, `RunPlan` (the run's plan), `PipelineSpec` or other
+    JSON scalars, lists, dicts, `DatasetRef`, `RunPlan` (a run's plan) or other
     dataclasses; `to_dict` turns them into JSON types and `from_dict` checks every key and type
     on the way back.
     """
@@ -61,8 +60,6 @@ def _plain(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, RunPlan):
         return value.to_dict()
-    if isinstance(value, PipelineSpec):
-        return config_to_dict(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
@@ -92,8 +89,6 @@ def _typed_as(hint: Any, value: Any, key: str, what: str) -> Any:
             raise PayloadError(f"{what}: {key} is not a dataset reference: {error}") from None
     if hint is RunPlan:
         return plan_from_dict(value, f"{what}: {key}")
-    if hint is PipelineSpec:
-        return config_from_dict(value, f"{what}: {key}")
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, what, prefix=f"{key}.")
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -185,34 +180,6 @@ def plan_from_dict(data: Any, what: str) -> RunPlan:
     """
     try:
         return RunPlan.from_dict(data, what)
-    except SpecError as error:
-        raise PayloadError(str(error)) from None
-
-
-def config_to_dict(spec: PipelineSpec) -> dict[str, Any]:
-    """A strategy benchmark's configuration as plain JSON types (the pipeline name included).
-
-    A retrain run's configuration travels as its `RunPlan` instead (checked once, never
-    re-validated); the strategy benchmark still carries specs.
-    """
-    return asdict(spec)
-
-
-def config_from_dict(data: Any, what: str) -> PipelineSpec:
-    """Rebuild a run configuration from `config_to_dict` output, validated again.
-
-    Args:
-        data: the dict.
-        what: where it came from, for the error message (e.g. "prepare_dataset's run_config").
-
-    Raises:
-        PayloadError: not a mapping, no `name`, or a key or value a spec does not accept.
-    """
-    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        raise PayloadError(f"{what}: expected a pipeline spec with its 'name', got {data!r:.200}")
-    rest = {key: value for key, value in data.items() if key != "name"}
-    try:
-        return parse_spec(data["name"], rest, source=what)
     except SpecError as error:
         raise PayloadError(str(error)) from None
 

@@ -230,6 +230,27 @@ def resolve_plan(pipeline: str, conf: Mapping[str, Any]) -> RunPlan:
     return RunPlan.of(spec)
 
 
+def resolve_variant(
+    spec: PipelineSpec, overrides: Mapping[str, Any], defaults_source: str = "training"
+) -> RunPlan:
+    """The plan of a run of `spec` with `overrides` on its training settings, validated once.
+
+    For runs derived from one spec, such as the strategy benchmark's: its own settings (epochs,
+    seed), then one plan per strategy. No deployment cluster is chosen and the model is not
+    checked here (the benchmark marks what the model refuses as unavailable).
+
+    Args:
+        spec: a loaded spec, or a plan's spec.
+        overrides: the run's training settings (Param names).
+        defaults_source: how an error names `spec`'s settings when one of them is at fault.
+
+    Raises:
+        SpecError: an unknown setting, or an invalid value or combination (named).
+    """
+    training = resolve_training(spec.training, overrides, defaults_source)
+    return RunPlan.of(dataclasses.replace(spec, training=training))
+
+
 def check_model(spec: PipelineSpec, where: str = "training") -> None:
     """Refuse an unknown model builder, and a strategy that cannot train the model (no Keras).
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stratoflow.config.features import Features, Target
-from stratoflow.config.run_plan import resolve_plan
+from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.evaluation import GateDecision
 from tasks.evaluate import Evaluation
@@ -83,7 +83,7 @@ def examples() -> list[Any]:
             unavailable="model 'mlp' has Dropout",
             parent_run_id="p1",
             dataset=DATASET,
-            run_config=benchmark_spec("digits", {"epochs": 2}),
+            run_config=RunPlan.of(benchmark_spec("digits", {"epochs": 2})),
             tolerance=0.05,
         ),
         StrategyResult(strategy="mirrored", mlflow_run_id="c1", test_accuracy=0.9),
