@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stratoflow.config import locations, names
-from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
+from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE, benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.run_plan import RunPlan, resolve_variant
 from stratoflow.config.spec import PipelineSpec, load_spec
@@ -107,11 +107,11 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     Raises:
         SpecError: an unknown Param or an invalid value (named in the message).
     """
-    unknown = sorted(set(params) - set(names.BENCHMARK_PARAMS))
+    allowed = list(benchmark_params())
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise SpecError(
-            f"benchmark conf: unknown key {unknown[0]!r}; allowed: "
-            f"{', '.join(names.BENCHMARK_PARAMS)}"
+            f"benchmark conf: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}"
         )
     tolerance = params.get("tolerance", BENCHMARK_DEFAULT_TOLERANCE)
     # A comparison with NaN is false: NaN fails the bounds here.
