@@ -21,8 +21,8 @@ from airflow.sdk import DAG, TriggerRule, task
 from dags import factory
 from stratoflow.config import names
 from stratoflow.config.params import benchmark_params
+from stratoflow.config.run_plan import load_pipeline
 from stratoflow.config.spec import PipelineSpec
-from stratoflow.training.validation import load_pipeline
 
 
 def build_dag(spec: PipelineSpec) -> DAG:

@@ -26,8 +26,8 @@ from dags import factory
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
+from stratoflow.config.run_plan import load_pipeline
 from stratoflow.config.spec import PipelineSpec
-from stratoflow.training.validation import load_pipeline
 
 
 def schedule_for(spec: PipelineSpec) -> Any:

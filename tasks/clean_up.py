@@ -1,16 +1,22 @@
 """Clean-up after a DAG run failed or was stopped: its MLflow runs, model versions and folder.
 
 The retrain DAG's failure callbacks (`dags/factory.py`) and `stratoflow run`'s stop handling call
-these; they take the pipeline and the DAG run, never a task's result (the task may not have any).
+these; they take the pipeline and the DAG run, never a task's result (the task may not have any),
+and read no pipeline spec (it may have changed since the run, or no longer load): the MLflow runs
+are found by the DAG run's tags in the pipeline's experiment, and the registered model is the one
+the run's plan named, as the run recorded it (its `registered_model` param).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from stratoflow.config import locations
-from stratoflow.config.spec import load_spec
 from tasks.run_context import AirflowRun
+
+# The run's resolved config is logged as params (`mlflow_runs.flatten_config`): its model's name.
+REGISTERED_MODEL_PARAM = "registered_model"
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +49,11 @@ def clean_up_failed_run(pipeline: str, run: AirflowRun, tracked: bool = True) ->
         )
         return
     try:
-        spec = load_spec(pipeline)
         mlflow_client = mlflow_runs.client()
         mlflow_run = mlflow_runs.find_run(mlflow_client, pipeline, run.dag_id, run.run_id)
         if mlflow_run is None:
             return
-        model_registry.delete_versions_of_run(spec.registered_model, mlflow_run.info.run_id)
+        model_registry.delete_versions_of_run(_registered_model(mlflow_run), mlflow_run.info.run_id)
         mlflow_runs.finish_run(mlflow_run.info.run_id, status="FAILED")
     except Exception:
         logger.exception("could not clean up MLflow after the failed DAG run %s", run.run_id)
@@ -72,7 +77,13 @@ def clean_up_stopped_run(pipeline: str, run: AirflowRun) -> list[str]:
     locations.remove_run_dir(run.dag_id, run.run_id)
     mlflow_runs.check_reachable()
     ended = mlflow_runs.end_unfinished_runs(pipeline, run.dag_id, run.run_id, status="KILLED")
-    model = load_spec(pipeline).registered_model
+    mlflow_client = mlflow_runs.client()
     for mlflow_run_id in ended:
+        model = _registered_model(mlflow_client.get_run(mlflow_run_id))
         model_registry.delete_versions_of_run(model, mlflow_run_id)
     return ended
+
+
+def _registered_model(mlflow_run: Any) -> str:
+    """The registered model the run's plan named (logged with the run's resolved config)."""
+    return str(mlflow_run.data.params.get(REGISTERED_MODEL_PARAM, ""))

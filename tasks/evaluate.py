@@ -43,13 +43,13 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
 
     Args:
         run: the DAG run.
-        prepared: the first task's result (dataset, run configuration).
+        prepared: the first task's result (dataset, the run's plan).
         trained: the training task's result (model, shape).
     """
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training import evaluation
 
-    spec = prepared.run_config
+    spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
     result = score_test_split(
         prepared.dataset,

@@ -1,9 +1,9 @@
-"""The retrain DAG's first task: resolve the run's configuration, prepare the dataset, open the
-run's MLflow run.
+"""The retrain DAG's first task: resolve the run's plan, prepare the dataset, open the run's MLflow
+run.
 
-The configuration is resolved here, once per DAG run; it travels to the next tasks inside the
-`PreparedDataset` (through XCom), so a retried task trains and scores with the configuration the
-run started with, whatever its own process sees.
+The plan (`stratoflow.config.run_plan.RunPlan`) is resolved and validated here, once per DAG run;
+it travels to the next tasks inside the `PreparedDataset` (through XCom, under `run_config`), so a
+retried task trains and scores with the plan the run started with, whatever its own process sees.
 """
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratoflow.config import names
-from stratoflow.config.spec import PipelineSpec
+from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
 from tasks.run_context import (
     AirflowRun,
     PayloadError,
     XComResult,
-    config_from_dict,
-    config_to_dict,
     freezes_heap,
-    resolve_config,
+    plan_from_dict,
     typed,
 )
 
+# The XCom key of the run's plan: the resolved spec's keys, and the plan's `cluster`.
 RUN_CONFIG_KEY = "run_config"
 MLFLOW_RUN_KEY = "mlflow_run_id"
 
@@ -39,12 +38,13 @@ class PreparedDataset(XComResult):
     Attributes:
         dataset: the prepared dataset.
         mlflow_run_id: the DAG run's MLflow run.
-        run_config: the pipeline spec with the run's Params applied, validated.
+        plan: the run's plan (its spec with the run's Params applied, its members), validated
+            once, here.
     """
 
     dataset: DatasetRef
     mlflow_run_id: str
-    run_config: PipelineSpec
+    plan: RunPlan
 
     PRODUCER = names.PREPARE_TASK
 
@@ -53,7 +53,7 @@ class PreparedDataset(XComResult):
         return {
             **self.dataset.to_dict(),
             MLFLOW_RUN_KEY: self.mlflow_run_id,
-            RUN_CONFIG_KEY: config_to_dict(self.run_config),
+            RUN_CONFIG_KEY: self.plan.to_dict(),
         }
 
     @classmethod
@@ -77,13 +77,13 @@ class PreparedDataset(XComResult):
         return cls(
             dataset=dataset,
             mlflow_run_id=typed(data[MLFLOW_RUN_KEY], str, MLFLOW_RUN_KEY, what),
-            run_config=config_from_dict(data[RUN_CONFIG_KEY], f"{what}: {RUN_CONFIG_KEY}"),
+            plan=plan_from_dict(data[RUN_CONFIG_KEY], f"{what}: {RUN_CONFIG_KEY}"),
         )
 
 
 @freezes_heap
 def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedDataset:
-    """Resolve the run's config, build or load the dataset and open the run's MLflow run.
+    """Resolve the run's plan, build or load the dataset and open the run's MLflow run.
 
     Args:
         pipeline: the pipeline name.
@@ -102,13 +102,14 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
     """
     from stratoflow.tracking import mlflow_runs, name_claims
 
-    spec = resolve_config(pipeline, params)
+    plan = resolve_plan(pipeline, params)
+    spec = plan.spec
     mlflow_runs.check_reachable()
     name_claims.claim_pipeline_names(spec)
     from stratoflow.training import own_code_check
 
     # The pipeline's dataset builder and code run in a child with the pipeline environment.
-    reference = own_code_check.prepare_and_check(spec)
+    reference = own_code_check.prepare_and_check(plan)
     mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec,
         run.dag_id,
@@ -117,4 +118,4 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
         reference.to_dict(),
         triggered_by=run.triggered_by,
     )
-    return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, run_config=spec)
+    return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, plan=plan)

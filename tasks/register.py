@@ -40,7 +40,7 @@ def log_and_register(
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
 
-    spec = prepared.run_config
+    spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
     features, _ = datasets.load_arrays(prepared.dataset, "test")
     model_uri = model_registry.log_model(

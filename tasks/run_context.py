@@ -1,5 +1,5 @@
-"""What every task body shares: the DAG run it belongs to, the run's resolved configuration, and
-the checks that turn an XCom dict back into a typed result with a clear error.
+"""What every task body shares: the DAG run it belongs to, and the checks that turn an XCom dict
+back into a typed result with a clear error.
 
 Task bodies hand each other small dataclasses (`to_dict` for XCom, `from_dict` back); this module
 holds the pieces those dataclasses have in common. Importing it is cheap (no TensorFlow, no
@@ -18,9 +18,8 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 from stratoflow.config.parsing import SpecError
-from stratoflow.config.spec import PipelineSpec, parse_spec
+from stratoflow.config.run_plan import RunPlan
 from stratoflow.data.datasets import DatasetRef
-from stratoflow.training.validation import resolve_run
 
 Step = TypeVar("Step", bound=Callable[..., Any])
 Value = TypeVar("Value")
@@ -34,7 +33,7 @@ class XComResult:
     """A task's typed result, which crosses XCom as a small JSON dict.
 
     A subclass is a dataclass naming the task whose XCom it is (`PRODUCER`). Its fields may be
-    JSON scalars, lists, dicts, `DatasetRef`, `PipelineSpec` (the run configuration) or other
+    JSON scalars, lists, dicts, `DatasetRef`, `RunPlan` (a run's plan) or other
     dataclasses; `to_dict` turns them into JSON types and `from_dict` checks every key and type
     on the way back.
     """
@@ -59,8 +58,8 @@ class XComResult:
 def _plain(value: Any) -> Any:
     if isinstance(value, DatasetRef):
         return value.to_dict()
-    if isinstance(value, PipelineSpec):
-        return config_to_dict(value)
+    if isinstance(value, RunPlan):
+        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
@@ -88,8 +87,8 @@ def _typed_as(hint: Any, value: Any, key: str, what: str) -> Any:
             return DatasetRef.from_dict(typed(value, dict, key, what))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PayloadError(f"{what}: {key} is not a dataset reference: {error}") from None
-    if hint is PipelineSpec:
-        return config_from_dict(value, f"{what}: {key}")
+    if hint is RunPlan:
+        return plan_from_dict(value, f"{what}: {key}")
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, what, prefix=f"{key}.")
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -173,38 +172,14 @@ def triggered_by(dag_run: Any) -> str:
     return f"({getattr(run_type, 'value', run_type)})" if run_type else ""
 
 
-def resolve_config(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
-    """The pipeline spec with the run's Params applied to its training defaults, validated.
-
-    Called once per DAG run, by its first task; the result travels to the next tasks inside
-    their typed inputs (`config_to_dict` / `config_from_dict`).
+def plan_from_dict(data: Any, what: str) -> RunPlan:
+    """A run's plan from XCom (`RunPlan.to_dict` output), checked once (`RunPlan.from_dict`).
 
     Raises:
-        SpecError: an unknown Param or an invalid value or combination (named in the message).
+        PayloadError: not a plan; the message names where it came from and the field.
     """
-    return resolve_run(pipeline, params)
-
-
-def config_to_dict(spec: PipelineSpec) -> dict[str, Any]:
-    """A resolved run configuration as plain JSON types (the pipeline name included)."""
-    return asdict(spec)
-
-
-def config_from_dict(data: Any, what: str) -> PipelineSpec:
-    """Rebuild a run configuration from `config_to_dict` output, validated again.
-
-    Args:
-        data: the dict.
-        what: where it came from, for the error message (e.g. "prepare_dataset's run_config").
-
-    Raises:
-        PayloadError: not a mapping, no `name`, or a key or value a spec does not accept.
-    """
-    if not isinstance(data, Mapping) or not isinstance(data.get("name"), str):
-        raise PayloadError(f"{what}: expected a pipeline spec with its 'name', got {data!r:.200}")
-    rest = {key: value for key, value in data.items() if key != "name"}
     try:
-        return parse_spec(data["name"], rest, source=what)
+        return RunPlan.from_dict(data, what)
     except SpecError as error:
         raise PayloadError(str(error)) from None
 

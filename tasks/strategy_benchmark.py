@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stratoflow.config import locations, names
-from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE
+from stratoflow.config.params import BENCHMARK_DEFAULT_TOLERANCE, benchmark_params
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import RunPlan, resolve_variant
 from stratoflow.config.spec import PipelineSpec, load_spec
-from stratoflow.config.training import resolve_training
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.strategy_benchmark import (
     RULE,
@@ -58,8 +58,9 @@ class PlannedStrategy(XComResult):
         unavailable: why this host cannot run it (its training fails at once), or None.
         parent_run_id: the benchmark's parent MLflow run.
         dataset: the dataset, prepared once by `plan`.
-        run_config: the benchmark's resolved configuration (epochs and seed applied), before
-            the strategy's overrides.
+        run_config: the strategy's plan: the benchmark's epochs and seed and the strategy's
+            overrides applied, resolved and validated once, by `plan` (an unavailable
+            strategy's is only described: it is never trained).
         tolerance: the throughput tolerance of the recommendation.
     """
 
@@ -69,7 +70,7 @@ class PlannedStrategy(XComResult):
     unavailable: str | None
     parent_run_id: str
     dataset: DatasetRef
-    run_config: PipelineSpec
+    run_config: RunPlan
     tolerance: float
 
     PRODUCER = names.PLAN_STRATEGIES_TASK
@@ -106,11 +107,11 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
     Raises:
         SpecError: an unknown Param or an invalid value (named in the message).
     """
-    unknown = sorted(set(params) - set(names.BENCHMARK_PARAMS))
+    allowed = list(benchmark_params())
+    unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise SpecError(
-            f"benchmark conf: unknown key {unknown[0]!r}; allowed: "
-            f"{', '.join(names.BENCHMARK_PARAMS)}"
+            f"benchmark conf: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}"
         )
     tolerance = params.get("tolerance", BENCHMARK_DEFAULT_TOLERANCE)
     # A comparison with NaN is false: NaN fails the bounds here.
@@ -120,9 +121,10 @@ def benchmark_spec(pipeline: str, params: dict[str, Any]) -> PipelineSpec:
         raise SpecError(
             f"benchmark conf.tolerance must be a finite number within [0, 1], got {tolerance!r}"
         )
-    spec = load_spec(pipeline)
+    # The spec's training defaults are checked with the benchmark's settings, once.
+    spec = load_spec(pipeline, check_settings=False)
     overrides: dict[str, Any] = {k: params[k] for k in ("epochs", "seed") if k in params}
-    return replace(spec, training=resolve_training(spec.training, overrides))
+    return resolve_variant(spec, overrides, f"{spec.source}: training").spec
 
 
 def detect_host() -> HostDevices:
@@ -152,9 +154,16 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[Planned
     # Its runs go to the pipeline's experiment (it registers nothing): owned by the account?
     name_claims.claim_pipeline_names(spec, registered_model=False)
     planned, not_run = plan_strategies(spec, params.get("strategies") or [], detect_host())
-    for entry in planned:
-        if not entry["unavailable"]:  # fail now, not after the first trainings
-            resolve_training(spec.training, entry["overrides"])
+    # Each strategy's plan, resolved now (a bad one fails here, not after the first trainings)
+    # and carried to its training task.
+    plans = {
+        entry["strategy"]: (
+            RunPlan.of(replace(spec, training=replace(spec.training, **entry["overrides"])))
+            if entry["unavailable"]
+            else resolve_variant(spec, entry["overrides"])
+        )
+        for entry in planned
+    }
     prepared = datasets.prepare_dataset(spec.dataset)
     reference = prepared.to_dict()
     parent_run_id = mlflow_runs.start_or_resume_tagged_run(
@@ -189,7 +198,7 @@ def plan(pipeline: str, params: dict[str, Any], run: AirflowRun) -> list[Planned
             unavailable=entry["unavailable"],
             parent_run_id=parent_run_id,
             dataset=prepared,
-            run_config=spec,
+            run_config=plans[entry["strategy"]],
             tolerance=tolerance,
         )
         for entry in planned
@@ -210,15 +219,11 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     from tasks.evaluate import score_test_split
     from tasks.train import run_training
 
-    spec = entry.run_config
+    strategy_plan = entry.run_config
+    spec = strategy_plan.spec
     strategy = entry.strategy
-    if entry.unavailable:
-        training = replace(spec.training, **entry.overrides)  # described, never trained
-    else:
-        training = resolve_training(spec.training, entry.overrides)
-    strategy_spec = replace(spec, training=training)
     dataset = entry.dataset
-    child_run_id = _fresh_child_run(strategy_spec, run, entry.parent_run_id, dataset.to_dict())
+    child_run_id = _fresh_child_run(spec, run, entry.parent_run_id, dataset.to_dict())
     run_dir = locations.run_dir(run.dag_id, run.run_id) / strategy
     locations.remove_run_dir(run.dag_id, run.run_id, strategy)
     try:
@@ -226,7 +231,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
             raise StrategyUnavailableError(
                 f"strategy {strategy!r} cannot run on this host: {entry.unavailable}"
             )
-        result = run_training(strategy_spec, dataset, run_dir, child_run_id)
+        result = run_training(strategy_plan, dataset, run_dir, child_run_id)
         evaluation = score_test_split(
             dataset,
             result.model_path,
@@ -277,7 +282,7 @@ def compare(
             "the benchmark's first task (plan_strategies) did not succeed, so no strategy was "
             "trained; its log says why"
         )
-    spec = planned[0].run_config
+    spec = planned[0].run_config.spec  # epochs, seed and gate: the same in every plan
     parent_run_id = planned[0].parent_run_id
     children = {
         child.data.tags.get("strategy"): child

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stratoflow.config import locations, names
-from stratoflow.config.spec import PipelineSpec
-from stratoflow.config.strategies import planned_members
+from stratoflow.config.run_plan import RunPlan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.distributed.protocol import Restarts, TrainingPayload, TrainingResult
 from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, XComResult, config_to_dict, freezes_heap
+from tasks.run_context import AirflowRun, XComResult, freezes_heap
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
 
     Args:
         run: the DAG run (its try number tells a retry).
-        prepared: the first task's result: dataset, MLflow run and the run's configuration.
+        prepared: the first task's result: dataset, MLflow run and the run's plan.
 
     Raises:
         ChildProcessFailed: a training process failed, or members were lost more often than
@@ -61,11 +60,11 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
     """
     from stratoflow.tracking import mlflow_runs
 
-    spec = prepared.run_config
+    plan = prepared.plan
     mlflow_runs.check_reachable()
     # Reopens the run (RUNNING, this try's number) after a failed try marked it FAILED.
     mlflow_run_id = mlflow_runs.start_or_resume_run(
-        spec,
+        plan.spec,
         run.dag_id,
         run.run_id,
         run.try_number,
@@ -73,7 +72,7 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
         triggered_by=run.triggered_by,
     )
     result = run_training(
-        spec, prepared.dataset, locations.run_dir(run.dag_id, run.run_id), mlflow_run_id
+        plan, prepared.dataset, locations.run_dir(run.dag_id, run.run_id), mlflow_run_id
     )
     return TrainedModel(
         mlflow_run_id=mlflow_run_id,
@@ -87,14 +86,14 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
 
 
 def run_training(
-    spec: PipelineSpec, dataset: DatasetRef, run_dir: Path, mlflow_run_id: str
+    plan: RunPlan, dataset: DatasetRef, run_dir: Path, mlflow_run_id: str
 ) -> TrainingResult:
-    """Train `spec` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
+    """Train `plan` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
 
-    The processes are the strategy's (`stratoflow.config.strategies.planned_members`: one, or a
-    cluster), run by the run's launcher (`stratoflow.distributed.launchers`): local child
-    processes or Ray actors on a standing Ray cluster. A lost member is recovered up
-    to `max_restarts` times from the checkpoints in `run_dir` (which also let a retry resume).
+    The processes are the plan's members (one, or a cluster), run by the plan's launcher
+    (`stratoflow.distributed.launchers`): local child processes or Ray actors on a standing Ray
+    cluster. A lost member is recovered up to `max_restarts` times from the checkpoints in
+    `run_dir` (which also let a retry resume).
     Logs the run's shape tags, the node of every member, its timings (`train_seconds`,
     `peak_rss_mb`, `seconds_to_first_step`) and its recoveries (`restarts`, and
     `recovery_seconds` per restart), the last also when training fails.
@@ -105,20 +104,17 @@ def run_training(
     from stratoflow.distributed.launchers import launcher_for
     from stratoflow.tracking import mlflow_runs, plots
 
-    config = config_to_dict(spec)
-    del config["name"]
     payload = TrainingPayload(
-        pipeline=spec.name,
-        config=config,
+        plan=plan,
         dataset=dataset.to_dict(),
         run_dir=str(run_dir),
         tracking_uri=locations.tracking_uri(),
         mlflow_run_id=mlflow_run_id,
     )
-    training = spec.training
+    training = plan.training
     restarts = Restarts(training.max_restarts)
     try:
-        result = launcher_for(training).run(planned_members(training), payload, restarts)
+        result = launcher_for(training).run(plan.cluster, payload, restarts)
     finally:
         _log_restarts(mlflow_run_id, restarts)
     mlflow_runs.set_tags(
@@ -135,7 +131,7 @@ def run_training(
         timings["seconds_to_first_step"] = result.seconds_to_first_step
     mlflow_runs.log_metrics(mlflow_run_id, timings)
     if result.history:
-        figure = plots.training_curves(result.history, title=_run_title(spec, result))
+        figure = plots.training_curves(result.history, title=_run_title(plan.pipeline, result))
         mlflow_runs.log_figure(mlflow_run_id, figure, names.CURVES_ARTIFACT)
     return result
 
@@ -158,8 +154,8 @@ def _log_restarts(mlflow_run_id: str, restarts: Restarts) -> None:
             )
 
 
-def _run_title(spec: PipelineSpec, result: TrainingResult) -> str:
+def _run_title(pipeline: str, result: TrainingResult) -> str:
     return (
-        f"{spec.name}: {result.strategy}, {result.num_replicas} replica(s), "
+        f"{pipeline}: {result.strategy}, {result.num_replicas} replica(s), "
         f"{result.num_workers} worker(s), {result.loop} loop"
     )

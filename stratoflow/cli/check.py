@@ -3,9 +3,9 @@
 For each pipeline, in the order the first task (`tasks.prepare.prepare`) meets them:
 
 1. spec: its `pipeline.yaml` loads and validates, its model is known and its default strategy
-   can train it (`validation.load_pipeline`, as the DAG files do at parse time);
+   can train it (`run_plan.load_pipeline`, as the DAG files do at parse time);
 2. run defaults: a run with no conf, i.e. the DAG Params' defaults, resolves into a valid run
-   configuration (`tasks.run_context.resolve_config`, as the first task does);
+   plan (`stratoflow.config.run_plan.resolve_plan`, as the first task does);
 3. dataset: prepared, or prepared now (built offline, or downloaded when the machine can reach
    the files; refused within seconds when it cannot), and its labels fit the task
    (`datasets.prepare_dataset`, as the first task does; the runs reuse what it prepared);
@@ -130,7 +130,7 @@ def check_pipeline(name: str, source: Path | str) -> PipelineReport:
 
 
 def _spec(name: str, state: dict[str, Any]) -> str:
-    from stratoflow.training.validation import load_pipeline
+    from stratoflow.config.run_plan import load_pipeline
 
     spec = load_pipeline(name)
     state["spec"] = spec
@@ -139,11 +139,11 @@ def _spec(name: str, state: dict[str, Any]) -> str:
 
 def _run_defaults(name: str, state: dict[str, Any]) -> str:
     from stratoflow.config.params import dag_params
-    from tasks.run_context import resolve_config
+    from stratoflow.config.run_plan import resolve_plan
 
     # A run triggered without a conf gets every Param's default: the first task resolves those.
     defaults = {key: schema["default"] for key, schema in dag_params(state["spec"]).items()}
-    run = resolve_config(name, defaults)
+    run = resolve_plan(name, defaults).spec
     state["run"] = run
     training = run.training
     return (

@@ -28,6 +28,7 @@ from typing import Any
 from stratoflow.cli.tables import format_table
 from stratoflow.config import discovery, names, scaffold
 from stratoflow.config.clusters import ClusterConfigError
+from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, pipeline_problems
 from stratoflow.config.strategies import STRATEGIES
@@ -173,16 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "print the comparison table and the recommended strategy. Registers no model.",
     )
     benchmark.add_argument("pipeline", type=_pipeline_name, metavar="PIPELINE")
-    benchmark.add_argument("--epochs", type=int, help="epochs per strategy")
-    benchmark.add_argument("--seed", type=int)
-    benchmark.add_argument(
-        "--strategies",
-        type=_strategy_list,
-        help="comma-separated strategies (default: every one this host can run)",
-    )
-    benchmark.add_argument(
-        "--tolerance", type=float, help="accuracy tolerance of the recommendation rule (0.01)"
-    )
+    add_benchmark_flags(benchmark)
     benchmark.add_argument("--conf", default="{}", help="the benchmark's Params as a JSON object")
     services = commands.add_parser(
         "services",
@@ -269,6 +261,21 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=kind, help=setting.help)
 
 
+# A benchmark Param's JSON type -> how its flag's value is read (an array: comma-separated).
+_FLAG_TYPES: dict[str, Callable[[str], Any]] = {"integer": int, "number": float}
+
+
+def add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per Param of the strategy-benchmark DAG, from its declaration
+    (`stratoflow.config.params.benchmark_params`): its name, type and description."""
+    for name, schema in benchmark_params().items():
+        kind = _strategy_list if schema["type"] == "array" else _FLAG_TYPES[schema["type"]]
+        text = schema["description"]
+        if schema["type"] == "array":
+            text = f"comma-separated. {text}"
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+
+
 def _pipeline_name(value: str) -> str:
     if value not in list_pipelines():
         raise argparse.ArgumentTypeError(
@@ -333,7 +340,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def _benchmark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from stratoflow.cli.runner import run_benchmark
 
-    return _through_airflow(parser, args, list(names.BENCHMARK_PARAMS), run_benchmark)
+    return _through_airflow(parser, args, list(benchmark_params()), run_benchmark)
 
 
 def _through_airflow(
@@ -425,7 +432,7 @@ def _new_pipeline(args: argparse.Namespace) -> int:
 
 def _list() -> int:
     from stratoflow.cli.check import dag_ids
-    from stratoflow.training.validation import load_pipeline
+    from stratoflow.config.run_plan import load_pipeline
 
     rows, problems = [], []
     for name in list_pipelines():

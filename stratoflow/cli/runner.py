@@ -30,6 +30,7 @@ from stratoflow.cli.task_failures import TaskFailure, TaskFailureReader, task_la
 from stratoflow.config import locations, names
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import resolve_plan
 from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.config.training import validate_params
 from stratoflow.distributed.processes import ManagedProcess, die_with_parent, stop_tree
@@ -44,7 +45,6 @@ from stratoflow.services.airflow_setup import (
 )
 from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder, private_state_folder
 from stratoflow.services.state_files import write_private
-from stratoflow.training.validation import resolve_run
 
 log = logging.getLogger(__name__)
 
@@ -113,21 +113,28 @@ def _stoppable(
     return run
 
 
-def check_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+def check_conf(pipeline: str, conf: Mapping[str, Any]) -> dict[str, Any]:
     """Refuse a bad run config before Airflow starts, with the messages Airflow would give.
 
     Airflow validates each Param against its JSON schema when it creates the DAG run; this does
     the same, and also refuses unknown keys and bad combinations (which Airflow would only
-    report when the first task starts).
+    report when the first task starts), by resolving the run's plan.
+
+    Returns:
+        The conf the plan resolved (every training setting, clusters named): what the DAG run
+        is given, so the run Airflow records is the one checked here.
 
     Raises:
         SpecError: unknown pipeline, unknown key, invalid value or invalid combination.
     """
-    resolve_run(pipeline, conf)
+    return resolve_plan(pipeline, conf).conf()
 
 
-def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
+def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> dict[str, Any]:
     """`check_conf` for the strategy-benchmark DAG's Params (epochs, seed, strategies, tolerance).
+
+    Returns:
+        `conf` as given (the benchmark resolves each strategy's settings in its own tasks).
 
     Raises:
         SpecError: unknown pipeline, unknown key or invalid value.
@@ -142,6 +149,7 @@ def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> None:
         )
     validate_params(benchmark_params(spec), conf)
     benchmark_spec(pipeline, dict(conf))
+    return dict(conf)
 
 
 @_stoppable
@@ -195,11 +203,11 @@ def _run_locally(
     pipeline: str,
     dag_id: str,
     conf: dict[str, Any],
-    check: Callable[[str, Mapping[str, Any]], None],
+    check: Callable[[str, Mapping[str, Any]], dict[str, Any]],
 ) -> str:
     if pipeline not in list_pipelines():
         raise SpecError(f"unknown pipeline {pipeline!r}; available: {', '.join(list_pipelines())}")
-    check(pipeline, conf)
+    conf = check(pipeline, conf)
     # Run data (models, checkpoints, artifacts, the tracking and metadata DBs): owner only.
     private_state_folder(locations.state_dir())
     home = airflow_home()

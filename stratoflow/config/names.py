@@ -82,7 +82,6 @@ BENCHMARK_MARKDOWN_ARTIFACT = "benchmark/comparison.md"
 BENCHMARK_TABLE_ARTIFACT = "benchmark/comparison_table.json"
 
 # The Params of a strategy benchmark DAG (a retrain DAG's are the `TrainingConfig` fields).
-BENCHMARK_PARAMS = ("epochs", "seed", "strategies", "tolerance")
 
 
 def retrain_dag_id(pipeline: str) -> str:

@@ -5,7 +5,7 @@ The schemas make Airflow itself refuse a bad trigger (UI form, REST API, `airflo
 the run, and the error names the field and, for a choice, the allowed values. A retrain DAG's
 Params come from the training settings' own metadata (`stratoflow.config.training`);
 combinations (e.g. a batch size that replicas cannot split) are checked when the run's first
-task starts (`stratoflow.training.validation.resolve_run`).
+task starts (`stratoflow.config.run_plan.resolve_plan`).
 
 This module imports no Airflow: the DAG files wrap each entry in `airflow.sdk.Param`.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from stratoflow.config.spec import PipelineSpec
 from stratoflow.config.strategies import STRATEGIES
-from stratoflow.config.training import NOT_FINITE, param_schemas
+from stratoflow.config.training import NOT_FINITE, TrainingConfig, param_schemas
 
 
 def dag_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
@@ -32,17 +32,23 @@ BENCHMARK_DEFAULT_EPOCHS = 3
 BENCHMARK_DEFAULT_TOLERANCE = 0.01
 
 
-def benchmark_params(spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+def benchmark_params(spec: PipelineSpec | None = None) -> dict[str, dict[str, Any]]:
     """The Param keyword arguments of the strategy-benchmark DAG of `spec`.
 
     Every strategy trains the spec's model with the spec's batch size and learning rate; these
     Params choose how long (`epochs`), the `seed`, which `strategies` (empty: every one this host
-    can run) and the accuracy `tolerance` of the recommendation rule.
+    can run) and the accuracy `tolerance` of the recommendation rule. The one declaration of
+    them: the DAG's Params, `stratoflow benchmark`'s flags and the benchmark's check of a conf's
+    keys are made from it.
+
+    Args:
+        spec: the pipeline (its training values are the defaults); None: the settings' own
+            defaults (for what does not depend on a pipeline: the names, types and texts).
 
     Returns:
         A mapping from Param name to the keyword arguments of `airflow.sdk.Param`.
     """
-    training = dag_params(spec)
+    training = param_schemas(spec.training if spec is not None else TrainingConfig())
     return {
         "epochs": {
             **training["epochs"],

@@ -203,8 +203,14 @@ def pipeline_folder(name: str) -> Path:
     return found.folders[name]
 
 
-def load_spec(name: str) -> PipelineSpec:
+def load_spec(name: str, *, check_settings: bool = True) -> PipelineSpec:
     """Load and validate the spec of pipeline `name` (its `pipeline.yaml`).
+
+    Args:
+        name: the pipeline.
+        check_settings: False leaves the training defaults' values to the one check of a run's
+            settings (`stratoflow.config.training.resolve_training`, which names this file when
+            a default is at fault); their keys and types are checked all the same.
 
     Raises:
         SpecError: no such pipeline, or the file has an unknown key, a wrong type or an
@@ -222,16 +228,21 @@ def load_spec(name: str) -> PipelineSpec:
         raise SpecError(
             f"{path}: unknown key {key!r} (the pipeline's name and folder are its folder's)"
         )
-    return parse_spec(name, {**data, "folder": str(folder)}, source=str(path))
+    return parse_spec(
+        name, {**data, "folder": str(folder)}, source=str(path), check_settings=check_settings
+    )
 
 
-def parse_spec(name: str, data: Any, source: str = "<spec>") -> PipelineSpec:
-    """Build a validated `PipelineSpec` from a parsed YAML mapping."""
+def parse_spec(
+    name: str, data: Any, source: str = "<spec>", *, check_settings: bool = True
+) -> PipelineSpec:
+    """Build a validated `PipelineSpec` from a parsed YAML mapping (`check_settings`: as in
+    `load_spec`)."""
     spec = build(PipelineSpec, {"name": name, **require_mapping(data, source)}, source)
-    return _check_values(spec, source)
+    return _check_values(spec, source, check_settings)
 
 
-def _check_values(spec: PipelineSpec, source: str) -> PipelineSpec:
+def _check_values(spec: PipelineSpec, source: str, check_settings: bool = True) -> PipelineSpec:
     dataset = spec.dataset
     missing = {"train", "validation", "test"} - set(dataset.splits)
     if missing:
@@ -260,7 +271,8 @@ def _check_values(spec: PipelineSpec, source: str) -> PipelineSpec:
             check_import_path(path, f"{source}: {key}")
     if ":" in spec.model.builder:
         check_import_path(spec.model.builder, f"{source}: model.builder")
-    check_training(spec.training, source + ": training")
+    if check_settings:
+        check_training(spec.training, source + ": training")
     if spec.task not in PROBLEM_TYPES:
         raise SpecError(
             f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(PROBLEM_TYPES)}"

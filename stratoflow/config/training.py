@@ -288,11 +288,15 @@ def validate_params(schemas: Mapping[str, Mapping[str, Any]], conf: Mapping[str,
             raise SpecError(f"Invalid input for param {key}: {error.message}") from None
 
 
-def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> TrainingConfig:
+def resolve_training(
+    defaults: TrainingConfig, conf: Mapping[str, Any], defaults_source: str = "training"
+) -> TrainingConfig:
     """`defaults` with a run's overrides (DAG Params, CLI flags) applied, after checking them.
 
     The one validation of a run's training settings: the CLI before Airflow starts, and the
-    first task of every DAG run, call this.
+    first task of every DAG run, call this (through `stratoflow.config.run_plan.resolve_plan`).
+    The settings are checked once, together; only when they fail are the defaults checked
+    alone, so that a default at fault is named as the spec's (`defaults_source`), not the conf's.
 
     Raises:
         SpecError: an unknown key, an invalid value or an invalid combination (named).
@@ -303,7 +307,11 @@ def resolve_training(defaults: TrainingConfig, conf: Mapping[str, Any]) -> Train
         if merged[optional] is None:
             merged[optional] = ""  # the Param's default and a cleared form field: not set
     result = build(TrainingConfig, merged, "run conf")
-    check_training(result, "run conf")
+    try:
+        check_training(result, "run conf")
+    except SpecError:
+        check_training(defaults, defaults_source)
+        raise
     return result
 
 

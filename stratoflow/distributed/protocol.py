@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from stratoflow.config.run_plan import RunPlan
 from stratoflow.config.strategies import ClusterPlan
 
 logger = logging.getLogger(__name__)
@@ -58,28 +59,35 @@ def child_main(main: Callable[[str, str], None], what: str) -> None:
 class TrainingPayload:
     """The input of every process of a training run (`stratoflow.training.worker`).
 
+    It carries the run's plan as itself: a member reads it back with `RunPlan.from_dict`, which
+    checks that it is one and validates nothing again (no YAML read, no setting re-checked).
+
     Attributes:
-        pipeline: the pipeline's name.
-        config: the resolved spec as a dict, without its name (`stratoflow.config.spec`).
+        plan: the run's plan (`stratoflow.config.run_plan`).
         dataset: the prepared dataset's reference (`DatasetRef.to_dict`).
         run_dir: the run's folder (checkpoints, history, model).
         tracking_uri: the MLflow tracking URI the chief logs to.
         mlflow_run_id: the MLflow run each epoch is streamed into.
     """
 
-    pipeline: str
-    config: dict[str, Any]
+    plan: RunPlan
     dataset: dict[str, Any]
     run_dir: str
     tracking_uri: str
     mlflow_run_id: str
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({**asdict(self), "plan": self.plan.to_dict()})
 
     @classmethod
     def from_json(cls, text: str) -> TrainingPayload:
-        return cls(**json.loads(text))
+        """The payload `to_json` wrote.
+
+        Raises:
+            PlanError: its plan is not one (the field named).
+        """
+        data = json.loads(text)
+        return cls(**{**data, "plan": RunPlan.from_dict(data["plan"], "the training payload")})
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ Run as `python -m stratoflow.training.own_code_check PAYLOAD RESULT` by `prepare
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import logging
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from stratoflow.config.parsing import SpecError
 
 if TYPE_CHECKING:
+    from stratoflow.config.run_plan import RunPlan
     from stratoflow.config.spec import PipelineSpec
     from stratoflow.data.datasets import DatasetRef
 
@@ -40,8 +40,10 @@ MODULE = "stratoflow.training.own_code_check"
 REFUSAL_KEY = "refusal"
 
 
-def prepare_and_check(spec: PipelineSpec) -> DatasetRef:
-    """Prepare `spec`'s dataset and check the pipeline's own code against it, in a child process.
+def prepare_and_check(plan: RunPlan) -> DatasetRef:
+    """Prepare the plan's dataset and check the pipeline's own code against it, in a child process.
+
+    The child gets the plan itself (`RunPlan.to_dict`), not the pipeline's name: it reads no YAML.
 
     Returns:
         The prepared dataset's reference.
@@ -55,9 +57,7 @@ def prepare_and_check(spec: PipelineSpec) -> DatasetRef:
     from stratoflow.data.datasets import DatasetRef
     from stratoflow.distributed.launcher import run_python_module
 
-    config = dataclasses.asdict(spec)
-    del config["name"]
-    result = run_python_module(MODULE, {"pipeline": spec.name, "config": config}, name=CHILD_NAME)
+    result = run_python_module(MODULE, plan.to_dict(), name=CHILD_NAME)
     if REFUSAL_KEY in result:
         raise SpecError(result[REFUSAL_KEY])
     return DatasetRef.from_dict(result["dataset"])
@@ -92,10 +92,9 @@ def main(payload_path: str, result_path: str) -> None:
     from stratoflow.distributed import lean_tensorflow
 
     lean_tensorflow.import_tensorflow()  # first, before any module below imports it in full
-    from stratoflow.config.spec import parse_spec
+    from stratoflow.config.run_plan import RunPlan
 
-    payload = json.loads(Path(payload_path).read_text())
-    spec = parse_spec(payload["pipeline"], payload["config"])
+    spec = RunPlan.from_json(Path(payload_path).read_text(), "the own-code check's plan").spec
     result: dict[str, Any]
     try:
         result = {"dataset": prepare_and_check_here(spec).to_dict()}

@@ -1,7 +1,7 @@
 """Entry point of a training process: `python -m stratoflow.training.worker PAYLOAD RESULT`.
 
 Started by a launcher (`stratoflow.distributed.protocol`); the payload (`TrainingPayload`) carries
-the resolved config, the dataset reference, the run folder and the MLflow run to stream per-epoch
+the run's plan, the dataset reference, the run folder and the MLflow run to stream per-epoch
 metrics into. Devices are configured before
 TensorFlow runs any op.
 """
@@ -28,10 +28,9 @@ def main(payload_path: str, result_path: str) -> None:
     payload = TrainingPayload.from_json(Path(payload_path).read_text())
     lean_tensorflow.import_tensorflow()  # first, before any module below imports it in full
 
-    from stratoflow.config.spec import parse_spec
     from stratoflow.training.strategies import configure_host_devices, required_logical_cpus
 
-    spec = parse_spec(payload.pipeline, payload.config)
+    spec = payload.plan.spec
     configure_host_devices(required_logical_cpus(spec.training))
 
     from stratoflow.data.datasets import DatasetRef

@@ -186,10 +186,10 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
 
     # The served champion answers with class probabilities and the class, on the same images
     # the pipeline reads (preprocessing included: the model was trained on centred pixels).
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.data.datasets import prepare_dataset
-    from stratoflow.training.validation import resolve_run
 
-    spec = resolve_run("shapes", {})
+    spec = resolve_plan("shapes", {}).spec
     reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     images, labels = load_arrays(reference, "test")
     answer = mlflow.pyfunc.load_model("models:/test-shapes-bars@champion").predict(images)
@@ -225,8 +225,8 @@ def _assert_model_builder_had_no_secrets(probes: list[dict], workers: int) -> No
 def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_client, tf_runtime):
     import mlflow
 
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.data.datasets import load_arrays, prepare_dataset
-    from stratoflow.training.validation import resolve_run
 
     assert runner.run_pipeline("diabetes", {"epochs": 30}) == 0
     (run,) = _runs(mlflow_client, "diabetes")
@@ -244,7 +244,7 @@ def test_the_regression_pipeline_passes_its_gate_and_serves_predictions(mlflow_c
     champion = mlflow_client.get_model_version_by_alias("stratoflow-diabetes", "champion")
     assert str(champion.version) == run.data.tags[names.VERSION_TAG]
 
-    spec = resolve_run("diabetes", {})
+    spec = resolve_plan("diabetes", {}).spec
     reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     columns, targets = load_arrays(reference, "test")
     import pandas as pd
@@ -265,8 +265,8 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
     import httpx
     import pandas as pd
 
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.data.datasets import load_arrays, prepare_dataset
-    from stratoflow.training.validation import resolve_run
 
     secret = "serve-model-test-password-" + os.urandom(6).hex()
     env = {
@@ -307,7 +307,7 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
         assert set(answer["predictions"][0]) == {"prediction"}
 
         # Real requests: the test split, through HTTP.
-        spec = resolve_run("shapes", {})
+        spec = resolve_plan("shapes", {}).spec
         reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
         images, labels = load_arrays(reference, "test")
         reply = httpx.post(
@@ -320,7 +320,7 @@ def test_serve_model_answers_over_http_on_loopback_and_stops_with_its_workers(
         assert (predicted["predicted_class_id"].to_numpy() == labels).mean() >= 0.8
         assert set(predicted["predicted_class"]) <= set(CLASSES)
 
-        spec = resolve_run("diabetes", {})
+        spec = resolve_plan("diabetes", {}).spec
         reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
         columns, targets = load_arrays(reference, "test")
         table = pd.DataFrame(columns)

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -21,6 +22,7 @@ import pytest
 from stratoflow.config import locations, names
 from stratoflow.config.parsing import SpecError
 from tasks.run_context import AirflowRun
+from tests.support.calls import counting_calls
 from tests.support.images import png_size
 from tests.support.processes import restorable_epoch
 
@@ -61,9 +63,19 @@ SAMPLING_SECONDS = 0.25
 @pytest.fixture(scope="module")
 def digits_run(tf_runtime):
     """The four tasks of a 6-epoch digits run, with the training child's output as it arrived
-    (TensorFlow's warnings included) and what MLflow logged while the model was registered."""
+    (TensorFlow's warnings included), what MLflow logged while the model was registered, and
+    how often the run's training settings were checked (`check_training`) and its spec parsed
+    (`parse_spec`) in this process.
+
+    Each task gets its inputs as Airflow hands them over: the JSON of the XCom, read anew."""
+    from stratoflow.config.spec import parse_spec
+    from stratoflow.config.training import check_training
     from stratoflow.tracking import system_metrics
     from tasks import evaluate, prepare, register, train
+    from tasks.prepare import PreparedDataset
+
+    def prepared_from(xcom: dict[str, Any]) -> Any:
+        return PreparedDataset.from_dict(json.loads(json.dumps(xcom)))
 
     launcher_log = logging.getLogger("stratoflow.distributed.launcher")
     lines, level = _Lines(), launcher_log.level
@@ -72,23 +84,37 @@ def digits_run(tf_runtime):
     patch = pytest.MonkeyPatch()
     patch.setenv(system_metrics.INTERVAL_ENV, str(SAMPLING_SECONDS))
     patch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # the child shows TensorFlow's warnings (W lines)
-    try:
-        run = new_run("digits")
-        params = {"epochs": 6}
-        prepared = through_xcom(prepare.prepare("digits", params, run))
-        trained = through_xcom(train.train(run, prepared))
-    finally:
-        patch.undo()
-        launcher_log.removeHandler(lines)
-        launcher_log.setLevel(level)
-    evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
-    mlflow_log, mlflow_lines = logging.getLogger("mlflow"), _Lines()
-    mlflow_log.addHandler(mlflow_lines)
-    try:
-        registered = through_xcom(register.log_and_register(run, prepared, trained, evaluated))
-    finally:
-        mlflow_log.removeHandler(mlflow_lines)
-    return run, prepared, trained, evaluated, registered, lines.records, mlflow_lines.records
+    with counting_calls(check_training) as checks, counting_calls(parse_spec) as parses:
+        try:
+            run = new_run("digits")
+            params = {"epochs": 6}
+            prepared_xcom = prepare.prepare("digits", params, run).to_dict()
+            trained = through_xcom(train.train(run, prepared_from(prepared_xcom)))
+        finally:
+            patch.undo()
+            launcher_log.removeHandler(lines)
+            launcher_log.setLevel(level)
+        evaluated = through_xcom(evaluate.evaluate(run, prepared_from(prepared_xcom), trained))
+        mlflow_log, mlflow_lines = logging.getLogger("mlflow"), _Lines()
+        mlflow_log.addHandler(mlflow_lines)
+        try:
+            registered = through_xcom(
+                register.log_and_register(run, prepared_from(prepared_xcom), trained, evaluated)
+            )
+        finally:
+            mlflow_log.removeHandler(mlflow_lines)
+    prepared = prepared_from(prepared_xcom)
+    return (
+        run,
+        prepared,
+        trained,
+        evaluated,
+        registered,
+        lines.records,
+        mlflow_lines.records,
+        checks[0],
+        parses[0],
+    )
 
 
 @pytest.mark.integration
@@ -125,14 +151,23 @@ def test_digits_pipeline_end_to_end(digits_run):
 
 
 @pytest.mark.integration
+def test_a_run_checks_its_training_settings_once(digits_run):
+    """Resolved once by the first task; the later tasks (and the training process, which reads
+    the plan the same way: `tests/unit/stratoflow/config/test_run_plan.py`) take it as it is."""
+    checks, parses = digits_run[7], digits_run[8]
+    assert checks == 1, f"check_training ran {checks} times in one run's task process"
+    assert parses == 1, f"the spec was parsed {parses} times in one run's task process"
+
+
+@pytest.mark.integration
 def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environment(
     digits_run, tmp_path
 ):
     import matplotlib.image
     import yaml
 
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.tracking import mlflow_runs
-    from tasks.run_context import resolve_config
 
     run, prepared, trained, *_ = digits_run
     mlflow_client = mlflow_runs.client()
@@ -162,8 +197,8 @@ def test_the_run_carries_its_curves_confusion_matrix_tables_config_and_environme
     assert {"path": names.PER_CLASS_ARTIFACT, "type": "table"} in logged  # a table in the UI
 
     # The configuration the run logged is the one its tasks passed on, resolved once.
-    resolved = dataclasses.asdict(resolve_config("digits", {"epochs": 6}))
-    assert dataclasses.asdict(prepared.run_config) == resolved
+    resolved = dataclasses.asdict(resolve_plan("digits", {"epochs": 6}).spec)
+    assert dataclasses.asdict(prepared.plan.spec) == resolved
     config = yaml.safe_load((folder / names.CONFIG_YAML_ARTIFACT).read_text())
     assert config == resolved
     assert config["training"]["epochs"] == 6
@@ -307,7 +342,7 @@ def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypat
     monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"default": jobs}))
     run = new_run("digits")
     prepared = through_xcom(prepare.prepare("digits", {"strategy": "parameter_server"}, run))
-    assert prepared.run_config.training.cluster == "default"
+    assert prepared.plan.training.cluster == "default"
 
     monkeypatch.delenv(clusters.STANDING_CLUSTERS_ENV)
     retry = AirflowRun(run.dag_id, run.run_id, try_number=2)
@@ -341,7 +376,10 @@ def test_a_failed_run_leaves_nothing_behind(tf_runtime):
 
 
 @pytest.mark.integration
-def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
+def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime, tmp_path, monkeypatch):
+    import shutil
+
+    from stratoflow.config.spec import SPECS_DIR
     from stratoflow.tracking import mlflow_runs
     from tasks import clean_up, evaluate, prepare, register, train
 
@@ -351,6 +389,10 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime):
     evaluated = through_xcom(evaluate.evaluate(run, prepared, trained))
     registered = register.log_and_register(run, prepared, trained, evaluated)
     assert registered.promoted is False and registered.aliases == ["challenger"]
+    # The pipeline's definition no longer loads when the clean-up comes (a second folder claims
+    # its name): the clean-up reads none of it, it finds the run's versions by the run.
+    shutil.copytree(SPECS_DIR / "digits", tmp_path / "digits")
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
     clean_up.clean_up_failed_run("digits", run)
     mlflow_client = mlflow_runs.client()
     versions = mlflow_client.search_model_versions(f"run_id = '{trained.mlflow_run_id}'")

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from stratoflow.config.features import Features, Target
+from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.evaluation import GateDecision
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
 from tasks.refresh import PreparedVersion, RefreshedDataset
 from tasks.register import Registration
-from tasks.run_context import PayloadError, resolve_config
+from tasks.run_context import PayloadError
 from tasks.strategy_benchmark import (
     BenchmarkOutcome,
     PlannedStrategy,
@@ -41,9 +42,9 @@ DATASET = DatasetRef(
 
 def examples() -> list[Any]:
     """One of each result, with values a real run produces."""
-    config = resolve_config("digits", {"strategy": "mirrored", "replicas": 2, "epochs": 3})
+    plan = resolve_plan("digits", {"strategy": "mirrored", "replicas": 2, "epochs": 3})
     return [
-        PreparedDataset(dataset=DATASET, mlflow_run_id="r1", run_config=config),
+        PreparedDataset(dataset=DATASET, mlflow_run_id="r1", plan=plan),
         TrainedModel(
             mlflow_run_id="r1",
             model_path="/state/runs/retrain_digits/manual__x/model.keras",
@@ -82,7 +83,7 @@ def examples() -> list[Any]:
             unavailable="model 'mlp' has Dropout",
             parent_run_id="p1",
             dataset=DATASET,
-            run_config=benchmark_spec("digits", {"epochs": 2}),
+            run_config=RunPlan.of(benchmark_spec("digits", {"epochs": 2})),
             tolerance=0.05,
         ),
         StrategyResult(strategy="mirrored", mlflow_run_id="c1", test_accuracy=0.9),
@@ -135,10 +136,10 @@ def test_the_xcom_keys_a_rest_client_reads_are_kept() -> None:
     assert examples()[5].to_dict()["strategy"] == "central_storage"
 
 
-def test_the_carried_config_is_the_resolved_one() -> None:
+def test_the_carried_plan_is_the_resolved_one() -> None:
     prepared = examples()[0]
-    carried = PreparedDataset.from_dict(json.loads(json.dumps(prepared.to_dict()))).run_config
-    assert carried == resolve_config("digits", {"strategy": "mirrored", "replicas": 2, "epochs": 3})
+    carried = PreparedDataset.from_dict(json.loads(json.dumps(prepared.to_dict()))).plan
+    assert carried == resolve_plan("digits", {"strategy": "mirrored", "replicas": 2, "epochs": 3})
     assert (carried.training.strategy, carried.training.replicas) == ("mirrored", 2)
 
 
@@ -155,6 +156,11 @@ def bad_payloads() -> list[Any]:
     planned = examples()[5].to_dict()
     config = prepared["run_config"]
     bad_config = {**config, "training": {**config["training"], "strategy": "bogus"}}
+    more_members = {
+        **config,
+        "training": {**config["training"], "strategy": "multi_worker_mirrored", "replicas": 1},
+    }
+    no_cluster = without(config, "cluster")
     return [
         (PreparedDataset, without(prepared, "mlflow_run_id"), r"prepare_dataset.*'mlflow_run_id'"),
         (PreparedDataset, without(prepared, "run_config"), r"prepare_dataset.*'run_config'"),
@@ -162,7 +168,17 @@ def bad_payloads() -> list[Any]:
         (
             PreparedDataset,
             changed(prepared, run_config=bad_config),
-            r"run_config.*strategy 'bogus' is not allowed; allowed: .*one_device",
+            r"run_config: training.strategy 'bogus' is not allowed; allowed: .*one_device",
+        ),
+        (
+            PreparedDataset,
+            changed(prepared, run_config=more_members),
+            r"run_config: cluster is not the members its training settings plan",
+        ),
+        (
+            PreparedDataset,
+            changed(prepared, run_config=no_cluster),
+            r"run_config: missing required key 'cluster'",
         ),
         (PreparedDataset, [prepared], r"prepare_dataset: expected a dict, got list"),
         (TrainedModel, without(trained, "model_path"), r"train_model .*missing key 'model_path'"),

@@ -5,12 +5,17 @@ a benchmark in which nothing succeeded. (Real trainings: tests/integration/test_
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import resolve_variant
+from stratoflow.config.training import check_training
 from tasks import strategy_benchmark
 from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
+from tests.support.calls import counting_calls
 
 DAG_ID = "benchmark_strategies_digits"
 
@@ -61,7 +66,8 @@ def test_a_training_task_that_died_is_reported_failed_and_its_run_closed(mlflow_
     params = {"epochs": 1, "strategies": ["one_device"]}
     planned = strategy_benchmark.plan("digits", params, run)
     spec = strategy_benchmark.benchmark_spec("digits", params)
-    assert planned[0].run_config == spec  # resolved once, by plan, and carried
+    # The strategy's plan: resolved once, by plan, and carried to its training task.
+    assert planned[0].run_config == resolve_variant(spec, {"strategy": "one_device"})
     # What a killed task leaves behind: a child run that never left RUNNING.
     child_id = strategy_benchmark._fresh_child_run(
         spec, run, planned[0].parent_run_id, planned[0].dataset.to_dict()
@@ -84,6 +90,18 @@ def test_a_rerun_strategy_replaces_its_child_run(mlflow_client):
 
     assert [c.info.run_id for c in children_of(mlflow_client, entry.parent_run_id)] == [second]
     assert mlflow_client.get_run(first).info.lifecycle_stage == "deleted"
+
+
+def test_each_strategy_s_settings_are_checked_once_by_the_plan_task(mlflow_client):
+    """The benchmark's own settings once, each strategy that will train once, in `plan`; the
+    tasks after it take each strategy's plan from XCom as it is."""
+    run = AirflowRun(DAG_ID, "manual__checks")
+    with counting_calls(check_training) as checks:
+        planned = strategy_benchmark.plan("digits", {"strategies": ["one_device", "tpu"]}, run)
+        for entry in planned:  # as train_strategy and compare get them
+            type(entry).from_dict(json.loads(json.dumps(entry.to_dict())))
+    assert [e.strategy for e in planned] == ["one_device", "tpu"] and planned[1].unavailable
+    assert checks[0] == 2, f"check_training ran {checks[0]} times (1 + 1 strategy to train)"
 
 
 def test_without_a_plan_the_parent_is_marked_failed(mlflow_client):

@@ -19,10 +19,10 @@ import pytest
 from stratoflow.cli import main, runner
 from stratoflow.config import clusters, locations
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 from stratoflow.tracking import model_serving
-from tasks.run_context import resolve_config
 
 
 def test_list_shows_every_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
@@ -237,10 +237,10 @@ def test_no_standing_cluster_is_null_empty_or_omitted(
     # The UI's trigger form sends the Param's default, null; the CLI and REST may send "".
     conf = {"strategy": "parameter_server"} | ({} if cluster == "omitted" else {"cluster": cluster})
     runner.check_conf("mnist", conf)
-    assert resolve_config("mnist", conf).training.cluster == ""
+    assert resolve_plan("mnist", conf).spec.training.cluster == ""
     # The deployment's cluster `default` serves a run that names none, by name.
     monkeypatch.setenv(clusters.STANDING_CLUSTER_ENV, STANDING)
-    assert resolve_config("mnist", conf).training.cluster == "default"
+    assert resolve_plan("mnist", conf).spec.training.cluster == "default"
     assert clusters.standing_cluster("default") == json.loads(STANDING)
 
 
@@ -249,7 +249,7 @@ def test_a_run_picks_a_standing_cluster_by_its_name(
 ) -> None:
     monkeypatch.setenv(clusters.STANDING_CLUSTERS_ENV, json.dumps({"rack-2": json.loads(STANDING)}))
     conf = {"strategy": "parameter_server", "cluster": "rack-2"}
-    assert resolve_config("mnist", conf).training.cluster == "rack-2"
+    assert resolve_plan("mnist", conf).spec.training.cluster == "rack-2"
     with pytest.raises(
         SpecError, match=r"param cluster: 'rack-3' is not one of \[None, '', 'rack-2'\]"
     ):
@@ -265,7 +265,7 @@ def test_launcher_ray_uses_the_deployments_default_cluster(
         runner.check_conf("mnist", conf)
     monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, "ray-head:6379")  # the older single variable
     runner.check_conf("mnist", conf)
-    assert resolve_config("mnist", conf).training.ray_cluster == "default"
+    assert resolve_plan("mnist", conf).spec.training.ray_cluster == "default"
     assert clusters.ray_address("default") == "ray-head:6379"
 
 
@@ -275,7 +275,7 @@ def test_launcher_ray_picks_a_configured_cluster_by_name_only(
     monkeypatch.setenv(
         clusters.RAY_CLUSTERS_ENV, json.dumps({"east": "10.0.0.1:6379", "west": "ray://w:10001"})
     )
-    named = resolve_config("mnist", {"launcher": "ray", "ray_cluster": "west"})
+    named = resolve_plan("mnist", {"launcher": "ray", "ray_cluster": "west"}).spec
     assert named.training.ray_cluster == "west"
     assert clusters.ray_address("west") == "ray://w:10001"
     # No cluster 'default': a run must name one, and the error lists them.
@@ -291,7 +291,7 @@ def test_a_standing_cluster_is_not_used_by_launcher_ray(
     monkeypatch.setenv(clusters.STANDING_CLUSTER_ENV, STANDING)
     monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, "head:6379")
     conf = {"strategy": "parameter_server", "launcher": "ray"}
-    resolved = resolve_config("mnist", conf).training
+    resolved = resolve_plan("mnist", conf).spec.training
     assert (resolved.cluster, resolved.ray_cluster) == ("", "default")
     with pytest.raises(SpecError, match="cannot be combined with launcher 'ray'"):
         runner.check_conf("mnist", conf | {"cluster": "default"})
@@ -516,7 +516,6 @@ def test_new_pipeline_writes_a_folder_that_loads(
     example: str,
 ) -> None:
     from stratoflow.config.spec import list_pipelines
-    from stratoflow.training.validation import resolve_run
 
     assert main.main(["new-pipeline", "mine", "--from", example, "--dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -524,7 +523,7 @@ def test_new_pipeline_writes_a_folder_that_loads(
     assert "stratoflow run mine" in printed
     monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(tmp_path))
     assert "mine" in list_pipelines()
-    spec = resolve_run("mine", {})
+    spec = resolve_plan("mine", {}).spec
     assert spec.registered_model == "mine"
     assert spec.folder == str(tmp_path / "mine")
     # Its own code and data are checked in (TensorFlow):
@@ -555,12 +554,11 @@ def test_a_resolved_run_rebuilds_where_the_cluster_list_is_not_held(
 ) -> None:
     """The first task checks the name against the deployment; a training member (the pipeline
     environment, or a Ray host) rebuilds the resolved plan without the cluster list."""
-    from tasks.run_context import config_from_dict, config_to_dict
-
     monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps({"east": "10.0.0.1:6379"}))
-    resolved = resolve_config("mnist", {"launcher": "ray", "ray_cluster": "east"})
+    resolved = resolve_plan("mnist", {"launcher": "ray", "ray_cluster": "east"})
     monkeypatch.delenv(clusters.RAY_CLUSTERS_ENV)
-    rebuilt = config_from_dict(config_to_dict(resolved), "the payload")
+    rebuilt = RunPlan.from_json(resolved.to_json(), "the payload")
+    assert rebuilt == resolved
     assert rebuilt.training.ray_cluster == "east"
     with pytest.raises(SpecError, match=r"param ray_cluster: 'east' is not one of \[None, ''\]"):
-        resolve_config("mnist", {"launcher": "ray", "ray_cluster": "east"})
+        resolve_plan("mnist", {"launcher": "ray", "ray_cluster": "east"})

@@ -135,3 +135,26 @@ def test_the_printed_table_has_every_strategy_the_failures_and_the_recommendatio
     assert "  not run: auto: an alias of one_device" in lines
     assert "Recommended for this host: one_device" in lines
     assert any(line.startswith("  rule: Recommended: of the strategies") for line in lines)
+
+
+def test_the_benchmark_params_are_declared_once_and_the_flags_read_them() -> None:
+    """`stratoflow.config.params.benchmark_params` declares them; the CLI's flags (and the
+    benchmark's check of unknown keys) are made from it, so no other module spells their names."""
+    import ast
+    import inspect
+
+    from stratoflow.config import names
+
+    declared = list(benchmark_params(load_spec("digits")))
+    parser = main.build_parser()
+    benchmark = parser._subparsers._group_actions[0].choices["benchmark"]  # type: ignore[union-attr]
+    flags = {action.dest: action for action in benchmark._actions if action.option_strings}
+    assert [name for name in flags if name not in ("help", "conf")] == declared
+    assert flags["tolerance"].type is float and flags["epochs"].type is int
+    written = {
+        node.value
+        for node in ast.walk(ast.parse(inspect.getsource(main)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    assert not written & {f"--{name}" for name in declared}, "a flag written by hand in main.py"
+    assert not hasattr(names, "BENCHMARK_PARAMS"), "a second list of the names in names.py"

@@ -1,4 +1,5 @@
-"""The local runner's own records of the `airflow dags test` processes it started."""
+"""The local runner's own records of the `airflow dags test` processes it started, and the conf
+it starts a run with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from stratoflow.cli import runner
 from stratoflow.distributed.processes import ManagedProcess
@@ -61,3 +65,28 @@ def test_the_finished_runs_id_and_state_are_read_from_the_output_of_dags_test() 
     assert outcome.finished == ("manual__2026-12-06T06:29:33.200105+00:00", "success")
     outcome.take_line(FINISHED_LINE.replace("state=success", "state=failed"))
     assert outcome.finished == ("manual__2026-12-06T06:29:33.200105+00:00", "failed")
+
+
+def test_the_dag_run_gets_the_conf_the_runner_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stratoflow run` resolves the run's plan for its checks and hands Airflow what it resolved
+    (every setting, the deployment's cluster named), not the raw flags. Airflow itself is left
+    out here (a real `airflow dags test` of the runner: tests/integration/test_retrain_dag.py):
+    the stand-in records the conf `airflow dags test -c` would get."""
+    from stratoflow.config import clusters
+    from stratoflow.config.run_plan import resolve_plan
+
+    given: list[dict[str, Any]] = []
+
+    def recording_dags_test(dag_id: str, conf: dict[str, Any], *_: Any) -> str:
+        given.append(dict(conf))
+        return "manual__x"
+
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps({"default": "10.0.0.1:6379"}))
+    monkeypatch.setattr(runner, "ensure_airflow_db", lambda *_: None)
+    monkeypatch.setattr(runner, "dags_test", recording_dags_test)
+    monkeypatch.setattr(runner, "_print_summary", lambda *_: 0)
+
+    assert runner.run_pipeline("mnist", {"launcher": "ray", "epochs": 2}) == 0
+    (conf,) = given
+    assert conf == resolve_plan("mnist", {"launcher": "ray", "epochs": 2}).conf()
+    assert (conf["ray_cluster"], conf["epochs"], conf["strategy"]) == ("default", 2, "one_device")

@@ -12,10 +12,10 @@ import yaml
 from stratoflow.config.options import LOOPS, REPLICA_CHOICES
 from stratoflow.config.params import dag_params
 from stratoflow.config.parsing import SpecError
+from stratoflow.config.run_plan import check_model, load_pipeline, resolve_plan
 from stratoflow.config.spec import SPECS_DIR, list_pipelines, load_spec, parse_spec
 from stratoflow.config.strategies import STRATEGIES
 from stratoflow.config.training import TrainingConfig, resolve_training
-from stratoflow.training.validation import check_model, load_pipeline, resolve_run
 
 
 def _mnist_data() -> dict[str, Any]:
@@ -164,7 +164,7 @@ def test_central_storage_is_refused_from_the_spec_when_the_model_has_dropout() -
         match=r"run conf\.strategy 'central_storage' cannot train model 'mlp': it has Dropout "
         r"\(model\.hyperparameters\.dropout 0\.1\)",
     ):
-        resolve_run("digits", {"strategy": "central_storage"})  # mlp with dropout 0.1
+        resolve_plan("digits", {"strategy": "central_storage"})  # mlp with dropout 0.1
     digits = load_spec("digits")
     no_dropout = dataclasses.replace(
         digits,
@@ -172,7 +172,7 @@ def test_central_storage_is_refused_from_the_spec_when_the_model_has_dropout() -
         training=dataclasses.replace(digits.training, strategy="central_storage"),
     )
     check_model(no_dropout)  # accepted
-    assert resolve_run("mnist", {"strategy": "central_storage"})  # dropout 0.0
+    assert resolve_plan("mnist", {"strategy": "central_storage"}).spec  # dropout 0.0
     spec_file = _with("training.strategy", "central_storage")
     spec_file["model"]["hyperparameters"]["dropout"] = 0.2
     with pytest.raises(SpecError, match=r"mnist\.yaml: training\.strategy 'central_storage'"):

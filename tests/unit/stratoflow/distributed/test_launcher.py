@@ -46,11 +46,18 @@ def test_a_native_tensorflow_crash_becomes_a_clear_failure():
 
 
 def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp_path):
-    from stratoflow.distributed.protocol import TrainingPayload
-
-    payload = TrainingPayload("no_such_pipeline", {}, {}, str(tmp_path), "", "")
-    with pytest.raises(ChildProcessFailed, match="failed: SpecError: .*missing required key"):
-        run_python_module("stratoflow.training.worker", payload.to_json(), name="training process")
+    # A payload whose plan is not one (no members): the training process refuses it, named.
+    payload = {
+        "plan": {"name": "no_such_pipeline"},
+        "dataset": {},
+        "run_dir": str(tmp_path),
+        "tracking_uri": "",
+        "mlflow_run_id": "",
+    }
+    with pytest.raises(
+        ChildProcessFailed, match="failed: PlanError: the training payload: missing required key"
+    ):
+        run_python_module("stratoflow.training.worker", payload, name="training process")
 
 
 def test_a_result_is_returned():

@@ -25,9 +25,10 @@ def test_a_member_program_does_not_import_the_supervisor(member_program):
 
 
 def test_the_payload_is_read_as_it_was_written():
+    from stratoflow.config.run_plan import resolve_plan
+
     payload = TrainingPayload(
-        pipeline="digits",
-        config={"training": {"epochs": 2}},
+        plan=resolve_plan("digits", {"epochs": 2}),
         dataset={"name": "digits", "version": "1.0.0"},
         run_dir="/runs/r1",
         tracking_uri="http://127.0.0.1:5000",

@@ -95,11 +95,11 @@ def assert_no_mlflow_run(pipeline: str) -> None:
 
 def refused_here(pipeline: str) -> str:
     """The refusal of what the first task's child does, run in this process."""
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.training.own_code_check import prepare_and_check_here
-    from stratoflow.training.validation import resolve_run
 
     with pytest.raises(SpecError) as error:
-        prepare_and_check_here(resolve_run(pipeline, {}))
+        prepare_and_check_here(resolve_plan(pipeline, {}).spec)
     return str(error.value)
 
 
@@ -339,8 +339,8 @@ def test_an_image_folder_without_test_images_is_refused_naming_the_split_folder(
 def test_a_class_folder_without_images_is_named_in_a_warning(
     pipelines_path: Path, tf_runtime, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.data.datasets import prepare_dataset
-    from stratoflow.training.validation import resolve_run
 
     folder = write_pipeline(pipelines_path, "bars")
     (folder / "pipeline.yaml").write_text(IMAGES_SPEC.format(splits=""))
@@ -350,7 +350,7 @@ def test_a_class_folder_without_images_is_named_in_a_warning(
     )
     for image in (images / "train" / "vertical").iterdir():
         image.unlink()
-    spec = resolve_run("bars", {})
+    spec = resolve_plan("bars", {}).spec
     with caplog.at_level("WARNING", logger="stratoflow.data.datasets"):
         reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
     assert reference.split_sizes == {"train": 4, "validation": 4, "test": 4}
@@ -390,11 +390,12 @@ def test_a_new_pipeline_passes_the_checks_of_its_own_code(
     pipelines_path: Path, tf_runtime, example: str
 ) -> None:
     from stratoflow.cli import main
+    from stratoflow.config.run_plan import resolve_plan
     from stratoflow.data.datasets import prepare_dataset
-    from stratoflow.training.validation import check_pipeline_code, resolve_run
+    from stratoflow.training.validation import check_pipeline_code
 
     assert main.main(["new-pipeline", "mine", "--from", example]) == 0  # into the path's entry
-    spec = resolve_run("mine", {})
+    spec = resolve_plan("mine", {}).spec
     assert spec.folder == str(pipelines_path / "mine")
     # Its own code imports, builds a model that takes the data, and fits the target.
     reference = prepare_dataset(spec.dataset, folder=spec.folder, problem_type=spec.task)
