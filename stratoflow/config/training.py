@@ -319,8 +319,8 @@ def _check_setting(name: str, value: Any, setting: Setting, where: str) -> None:
     if setting.optional and not value:
         return
     # The deployment's cluster names are checked where a run is resolved (the Params, and
-    # `resolve_run` in the first task), not wherever a resolved plan is rebuilt: a training
-    # member, on a Ray host or in the pipeline environment, does not hold the cluster list.
+    # `run_plan.resolve_plan` in the first task), not wherever a resolved plan is rebuilt: a
+    # training member, on a Ray host or in the pipeline environment, holds no cluster list.
     choices = setting.choices
     if choices is not None and value not in choices:
         raise SpecError(
