@@ -87,10 +87,6 @@ class Strategy:
     alias_of: tuple[str, str] | None = None
 
     @property
-    def supports_fit(self) -> bool:
-        return "fit" in self.loops
-
-    @property
     def uses_workers(self) -> bool:
         """Runs as a cluster of `workers` processes."""
         return any(role.count == "workers" for role in self.roles)

@@ -48,15 +48,6 @@ class ClusterLayout:
         ]
 
 
-def local_layout(workers: int, ps: int = 0, chief: bool = False) -> ClusterLayout:
-    """A layout on loopback with fresh ports: `workers` workers, `ps` ps and maybe a chief."""
-    counts = {"chief": int(chief), "worker": workers, "ps": ps}
-    ports = iter(free_ports(sum(counts.values())))
-    return ClusterLayout(
-        {job: [f"{LOOPBACK}:{next(ports)}" for _ in range(n)] for job, n in counts.items() if n}
-    )
-
-
 class ClusterUnreachableError(RuntimeError):
     """A standing cluster server does not accept connections."""
 

@@ -65,7 +65,8 @@ def mlflow_client(tmp_path_factory):
 @pytest.fixture(scope="module")
 def standing_cluster():
     """Two workers and a ps serving for the whole module, shared by its runs."""
-    layout = cluster.local_layout(workers=2, ps=1)
+    worker_0, worker_1, ps_0 = (f"{cluster.LOOPBACK}:{port}" for port in cluster.free_ports(3))
+    layout = cluster.ClusterLayout({"worker": [worker_0, worker_1], "ps": [ps_0]})
     jobs = json.dumps(layout.jobs)
     servers = [
         # Two servers told by flags, one by TF_CONFIG alone (the Kubeflow TFJob contract).

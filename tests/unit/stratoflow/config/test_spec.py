@@ -107,7 +107,7 @@ def test_batch_must_split_evenly_across_mirrored_replicas() -> None:
 
 
 @pytest.mark.parametrize(
-    "strategy", [name for name, traits in STRATEGIES.items() if not traits.supports_fit]
+    "strategy", [name for name, traits in STRATEGIES.items() if "fit" not in traits.loops]
 )
 def test_fit_with_a_strategy_keras_cannot_fit_is_refused(strategy: str) -> None:
     with pytest.raises(
