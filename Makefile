@@ -1,6 +1,7 @@
 # stratoflow: `make run` retrains a pipeline once through Airflow; `make test` runs the tests.
 #   make run PIPELINE=digits CONF='{"strategy": "mirrored", "replicas": 2, "epochs": 3}'
 #   make test PYTEST_ARGS='tests/unit/test_dags.py -q'
+#   make docs (the docs site into site/), make docs-serve (on http://127.0.0.1:8000)
 
 PYTHON ?= python3
 VENV := .venv
@@ -12,7 +13,8 @@ PIPELINE ?= mnist
 CONF ?= {}
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint bench clean-state services services-status services-stop system-packages
+.PHONY: install run test lint bench clean-state services services-status services-stop system-packages \
+	docs docs-serve
 
 install: $(INSTALLED)
 
@@ -72,6 +74,17 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The docs site (mkdocs.yml, docs/): built strictly, so a broken link, anchor or reference fails,
+# as tests/test_docs.py builds it in CI; served on loopback only. NO_MKDOCS_2_WARNING silences
+# Material's notice about its end of life, printed on every build.
+DOCS_ENV := NO_MKDOCS_2_WARNING=1
+DOCS_PORT ?= 8000
+docs: $(INSTALLED)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict
+
+docs-serve: $(INSTALLED)
+	$(DOCS_ENV) $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # The local state of `make run`: Airflow home and metadata DB, MLflow store, TFDS data, run dirs.
 clean-state:

@@ -5,7 +5,7 @@ templates, a team's pipelines on `STRATOFLOW_PIPELINES_PATH`): the names in `__a
 meaning, or the changelog says what changed. Everything else in `stratoflow` is the engine's and
 may move. import-linter holds the bundled `pipelines/` to it (pyproject.toml).
 
-What pipeline code is handed, by contract (README, "Your own pipeline"):
+What pipeline code is handed, by contract (docs/reference/pipeline-code.md):
 
 - a model builder, `model.builder: "module:build"`, is called as
   `build(features: Features, target: Target, **hyperparameters)` and returns an uncompiled

@@ -2,7 +2,7 @@
 
 The benchmark DAG (`dags/benchmark_strategies.py`) trains the pipeline's model briefly under
 every strategy this host can run, with the same seed, each in its own training processes, and
-recommends one. MLflow names (a public interface, listed in the README):
+recommends one. MLflow names (a public interface, listed in docs/how-to/benchmark-strategies.md):
 
 - a **parent run** in `stratoflow/<pipeline>`, run name `<pipeline>-bench-<airflow run id>`,
   tags `stratoflow.kind=strategy_benchmark`, `airflow.dag_id`, `airflow.run_id`; at the end

@@ -98,8 +98,9 @@ PROBLEM_TYPE_MIRRORS = {
 
 
 def test_task_means_an_airflow_task_in_the_engines_own_names() -> None:
-    """README, "Words": a `task` is an Airflow task; classification or regression is a problem
-    type, named so everywhere but the two mirrors of the `task:` key of `pipeline.yaml`."""
+    """docs/explanation/architecture.md, "Words": a `task` is an Airflow task; classification or
+    regression is a problem type, named so everywhere but the two mirrors of the `task:` key of
+    `pipeline.yaml`."""
     import ast
 
     found = []

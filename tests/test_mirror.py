@@ -1,4 +1,4 @@
-"""The tests mirror the code (README, "Tests"): a reader finds a module's tests by its path.
+"""The tests mirror the code (docs/how-to/tests.md): a reader finds a module's tests by its path.
 
 `tests/unit/<package path>/test_<module>.py` tests `<package path>/<module>.py`, or the package
 `<package path>/<module>/` as a whole; `test_<module>_<aspect>.py` is one aspect of that module
@@ -17,7 +17,7 @@ ROOT = locations.PROJECT_ROOT
 TESTS = ROOT / "tests"
 UNIT = TESTS / "unit"
 TEST_ROOTS = ("unit", "integration", "deploy")
-REPOSITORY_WIDE = {"test_layers.py", "test_mirror.py"}
+REPOSITORY_WIDE = {"test_docs.py", "test_layers.py", "test_mirror.py"}
 NOT_TESTS = {"__init__.py", "conftest.py"}
 
 

@@ -1,6 +1,6 @@
 """The diabetes pipeline's own model: `model.builder: "model:build"` in `pipeline.yaml`.
 
-The contract (README, "Your own pipeline"): `build(features, target, **hyperparameters)` returns
+The contract (docs/reference/pipeline-code.md): `build(features, target, **hyperparameters)` returns
 an uncompiled Keras 3 model taking the features as the dataset gives them (a dict of scalar
 columns here) and giving `target.num_outputs` values per example.
 """

@@ -3,7 +3,7 @@
 DAG and task ids (the Airflow UI and REST API), asset names, MLflow experiment names, run tags,
 model aliases, metric and artifact names: users, dashboards and scripts depend on them, so each
 is written once here and every other module reads it from here. A name changed here is a
-change users see: the README's "MLflow names" section lists them.
+change users see: docs/reference/mlflow-names.md lists them.
 """
 
 from __future__ import annotations

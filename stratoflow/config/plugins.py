@@ -22,7 +22,7 @@ from typing import Any
 from stratoflow.config.parsing import SpecError
 
 PACKAGE_PREFIX = "stratoflow_pipeline_"
-# The one module of stratoflow that pipeline code is promised (README, "Your own pipeline").
+# The one module of stratoflow that pipeline code is promised (docs/reference/pipeline-code.md).
 API_MODULE = "stratoflow.api"
 
 

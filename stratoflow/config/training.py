@@ -350,8 +350,8 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
         raise SpecError(
             f"{where}.cluster (standing servers) applies to strategy "
             f"{' or '.join(map(repr, strategies_with('standing_cluster')))} only; "
-            "multi_worker_mirrored across hosts runs on a Ray cluster (launcher 'ray', README: "
-            "Several machines)"
+            "multi_worker_mirrored across hosts runs on a Ray cluster (launcher 'ray', docs: "
+            "how-to/several-machines.md)"
         )
     if training.launcher == "ray" and training.cluster:
         raise SpecError(

@@ -18,7 +18,7 @@ A name of Airflow's, Ray's, MLflow's or stratoflow's own is refused, so no secre
 be handed on by mistake.
 
 This keeps secrets out of what pipeline code is handed and what a library may log or report;
-it is not a sandbox: the code still runs as the worker's OS user (README, "Trust model").
+it is not a sandbox: the code still runs as the worker's OS user (docs/explanation/trust-model.md).
 """
 
 from __future__ import annotations

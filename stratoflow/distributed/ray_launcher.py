@@ -17,7 +17,7 @@ Actors of a standing cluster do not inherit this process's environment: what the
 (`FORWARDED_ENV`). A member's process gets the node's environment only through the allowlist
 of `member_environment`: the Ray token of the node (and this driver's) never reaches it. The driver
 needs a Ray node on its own host (`ray.init` of an existing cluster connects to the local
-raylet): README, "Several machines".
+raylet): docs/how-to/several-machines.md.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def connect(address: str) -> None:
             raise RayClusterError(
                 f"cannot connect to the Ray cluster at {address!r}: {type(error).__name__}: "
                 f"{error}. This host needs a Ray node of that cluster (`ray start "
-                "--address=...`) and its auth token (README: Several machines)"
+                "--address=...`) and its auth token (docs: how-to/several-machines.md)"
             ) from None
 
 

@@ -1,7 +1,7 @@
 """MLflow: one experiment per pipeline, one run per DAG run, models in the registry.
 
-The names here are a public interface (the README lists them): users compare runs by these tags,
-params and metrics in the MLflow UI and with `stratoflow compare`.
+The names here are a public interface (docs/reference/mlflow-names.md lists them): users compare
+runs by these tags, params and metrics in the MLflow UI and with `stratoflow compare`.
 
 - experiment `stratoflow/<pipeline>`; a run per DAG run, found again by the tags
   `airflow.dag_id` + `airflow.run_id` so a retried task reuses it; its user is the MLflow

@@ -294,7 +294,7 @@ def test_airflow_init_and_api_server_login(databases: Postgres, tmp_path: Path) 
         assert status == 200, f"GET /api/v2/dags with the admin's token answered {status}"
         status, body = request(f"{url}/api/v2/importErrors", headers=auth)
         assert (status, json.loads(body)["total_entries"]) == (200, 0), body[:3000]
-        # The README's step 4: unpause, then trigger a parameter-server run.
+        # docs/tutorials/deploy.md, step 4: unpause, then trigger a parameter-server run.
         dag = f"{url}/api/v2/dags/retrain_digits"
         status, body = request(dag, {"is_paused": False}, auth, method="PATCH")
         assert status == 200 and json.loads(body)["is_paused"] is False, (status, body[:300])

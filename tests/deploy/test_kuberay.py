@@ -1,5 +1,5 @@
 """The KubeRay `RayCluster` manifest (deploy/kuberay/raycluster.yaml) against KubeRay's own
-schema, and against what stratoflow's Ray launcher and the README promise of it.
+schema, and against what stratoflow's Ray launcher and the docs promise of it.
 
 `raycluster_v1_schema.json.gz` is the `openAPIV3Schema` of version v1 of KubeRay's CRD
 (ray-project/kuberay, ray-operator/config/crd/bases/ray.io_rayclusters.yaml, commit feeaf72fa),

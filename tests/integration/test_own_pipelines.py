@@ -206,7 +206,7 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
 def _assert_model_builder_had_no_secrets(probes: list[dict], workers: int) -> None:
     """The model builder ran in the first task's own-code check and in each training process,
     each with the MLflow service account and the team's variable, none with a secret of the
-    deployment's (README, "Trust model")."""
+    deployment's (docs/explanation/trust-model.md)."""
     programs = {}
     for probe in probes:
         programs.setdefault(Path(probe["argv"][0]).name, set()).add(probe["pid"])

@@ -1,5 +1,5 @@
 """Whole DAG runs through Airflow (`airflow dags test`, as `make run` does) into a fresh MLflow
-store: the default mnist run (and every MLflow name the README lists on it), a worse run that must
+store: the default mnist run (and every MLflow name the docs list on it), a worse run that must
 not take the champion alias, a passing run with `promote: false`, failing runs (before and after
 registering) that must leave nothing behind, and `stratoflow compare` over what they produced."""
 
@@ -29,7 +29,7 @@ from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
 from tests.support.file_modes import exposed_paths
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+MLFLOW_NAMES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "mlflow-names.md"
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -248,17 +248,17 @@ def mlflow_pointed_at(uri: str) -> Iterator[None]:
             os.environ[locations.TRACKING_URI_ENV] = saved_env
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end >= 0 else None]
+def mlflow_names_section() -> str:
+    """The docs page "MLflow names" up to its first subsection: the names of a retrain run."""
+    text = MLFLOW_NAMES_PAGE.read_text()
+    end = text.find("\n## ")
+    return text[: end if end >= 0 else None]
 
 
-def readme_bullet(section: str, label: str) -> str:
+def names_bullet(section: str, label: str) -> str:
     """The text of the bullet `- **label**...` up to the next bullet."""
     match = re.search(rf"^- \*\*{re.escape(label)}\*\*(.*?)(?=^- \*\*|\Z)", section, re.S | re.M)
-    assert match, f"README: no bullet {label!r} in 'MLflow names'"
+    assert match, f"{MLFLOW_NAMES_PAGE}: no bullet {label!r}"
     return match.group(1)
 
 
@@ -266,10 +266,10 @@ def backticked(text: str) -> list[str]:
     return re.findall(r"`([^`]+)`", text)
 
 
-def test_the_run_carries_every_mlflow_name_the_readme_lists(
+def test_the_run_carries_every_mlflow_name_the_docs_list(
     default_mnist_run, mlflow_client, tf_runtime, tmp_path
 ):
-    """The README's "MLflow names" section, parsed, checked against the default mnist run."""
+    """The docs' "MLflow names" page, parsed, checked against the default mnist run."""
     import mlflow.keras
     import numpy as np
 
@@ -278,7 +278,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
 
     assert default_mnist_run[0] == 0
     run = runs_of(mlflow_client, "mnist")[0]
-    section = readme_section("MLflow names (a public interface)")
+    section = mlflow_names_section()
     config = json.loads(
         Path(
             mlflow_client.download_artifacts(run.info.run_id, "config.json", str(tmp_path))
@@ -291,7 +291,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     values["airflow run id"] = run.data.tags["airflow.run_id"]
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
-    tags = [name for name in backticked(readme_bullet(section, "tags")) if ":" not in name]
+    tags = [name for name in backticked(names_bullet(section, "tags")) if ":" not in name]
     assert len(tags) == 17, tags
     member_tags = [tag for tag in tags if tag.endswith(".<member>")]
     assert member_tags == ["node.<member>"]
@@ -299,7 +299,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     assert [tag for tag in tags if tag not in member_tags and not run.data.tags.get(tag)] == []
     assert run.data.tags["dataset"] == f"{config['dataset']['name']}:{config['dataset']['version']}"
 
-    params = backticked(readme_bullet(section, "params"))
+    params = backticked(names_bullet(section, "params"))
     assert "training.strategy" in params and "model.hyperparameters.<name>" in params
     for param in params:
         if param.endswith(".<name>"):
@@ -314,7 +314,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
                 node = node[part]
             assert run.data.params[param] == str(node), param
 
-    metrics_text = readme_bullet(section, "metrics per epoch")
+    metrics_text = names_bullet(section, "metrics per epoch")
     per_epoch, once = metrics_text.split("Once per run")
     per_epoch_names = [name for name in backticked(per_epoch) if name != "step"]
     assert tuple(per_epoch_names) == names.EPOCH_METRICS
@@ -343,7 +343,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     (variant_dir / datasets.FINGERPRINT_CACHE).unlink(missing_ok=True)  # hash the files again
     assert dataset_input.dataset.digest == datasets.fingerprint(variant_dir)[:36]
 
-    # The model: the champion loads with the README's own line, and predicts.
+    # The model: the champion loads with the page's own line, and predicts.
     (model_uri,) = re.findall(r'`mlflow\.keras\.load_model\("(models:/[^"]+)"\)`', section)
     assert model_uri == "models:/stratoflow-mnist@champion"
     with mlflow_pointed_at(locations.tracking_uri()):  # as a user's shell would be

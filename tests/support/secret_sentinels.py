@@ -4,7 +4,7 @@ probe module a test's pipeline calls to write down its process's environment.
 The names are the ones the services stack and docker-compose give the scheduler (and so every
 Airflow task process): Airflow's JWT secret, Fernet key, API secret key and metadata DB URL, the
 Ray token, MLflow's server-side secrets and the password `stratoflow users add` reads. A process
-that runs a pipeline's own code must hold none of them (README, "Trust model").
+that runs a pipeline's own code must hold none of them (docs/explanation/trust-model.md).
 """
 
 from __future__ import annotations

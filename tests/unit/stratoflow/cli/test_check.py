@@ -121,7 +121,7 @@ def test_list_exits_1_naming_the_file_and_field_of_a_pipeline_that_does_not_load
     )
 
 
-# --- the README's contract of a pipeline's own dataset ------------------------------------------
+# --- the docs' contract of a pipeline's own dataset --------------------------------------------
 
 OWN_DATASET_SPEC = """\
 description: a pipeline with a TFDS builder of its own
@@ -183,7 +183,8 @@ def _own_dataset(root: Path, pipeline: str, cls: str, name: str, **builder: str)
 def test_check_holds_the_readmes_contract_of_a_pipelines_own_dataset(
     tf_runtime, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """README "A TFDS builder of your own" and "An image folder", what each accepts and refuses."""
+    """docs/reference/pipeline-code.md, "A TFDS builder of your own" and "An image folder": what
+    each accepts and refuses."""
     from PIL import Image
 
     root = tmp_path / "own"

@@ -20,7 +20,7 @@ from tests.support.processes import ECHO_MODULE, cluster_children, kill_during
 
 pytestmark = pytest.mark.integration
 
-# The README promises a dead member fails the task "at once" (measured 0.1-0.3 s); the bound
+# The docs promise a dead member fails the task "at once" (measured 0.1-0.3 s); the bound
 # leaves room for a slow CI machine yet catches a launcher that waits for the chief to notice.
 FAILURE_BOUND_SECONDS = 3.0
 
@@ -117,8 +117,9 @@ def test_a_member_that_never_comes_up_fails_the_start_when_its_grace_ends():
 
 
 def test_training_runs_get_the_documented_30_second_grace():
-    """README "Supervision": a member not up 30 s after the first one fails the start; training
-    (`tasks.train.run_training`) calls `run_cluster` without choosing a grace."""
+    """docs/how-to/strategies.md, "Supervision": a member not up 30 s after the first one fails
+    the start; training (`tasks.train.run_training`) calls `run_cluster` without choosing a
+    grace."""
     default = inspect.signature(run_cluster).parameters["ready_timeout_seconds"].default
     assert default == launcher.READY_TIMEOUT_SECONDS == 30
 

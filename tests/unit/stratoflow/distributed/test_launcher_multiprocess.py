@@ -28,9 +28,9 @@ from tests.support.processes import (
 
 pytestmark = pytest.mark.integration
 
-# README "Supervision": a dead member fails the task at once (measured 0.2-0.3 s). The bound
-# leaves room for a slow CI machine and catches a launcher that leaves it to the chief, whose
-# collective fails only about 10 s later (docs/BENCHMARKS.md, "Facts").
+# docs/how-to/strategies.md, "Supervision": a dead member fails the task at once (measured
+# 0.2-0.3 s). The bound leaves room for a slow CI machine and catches a launcher that leaves it to
+# the chief, whose collective fails only about 10 s later (docs/BENCHMARKS.md, "Facts").
 KILL_DEADLINE_SECONDS = 3
 # The fault tests kill a member once the first checkpoint exists. digits' MLP trains an epoch in
 # about a second under these strategies (mnist's CNN: 10-25 s), so enough epochs leave the kill
