@@ -130,7 +130,8 @@ def _command_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def _argument_name(action: argparse.Action) -> str:
     names = action.option_strings or [str(action.metavar or action.dest)]
-    return ", ".join(f"`{_cell(name)}`" for name in names)
+    # A table cell's pipe stays escaped inside a code span: such a name is shown as plain text.
+    return ", ".join(_cell(name) if "|" in name else f"`{name}`" for name in names)
 
 
 def _deployment_setting(action: argparse.Action) -> Setting | None:
