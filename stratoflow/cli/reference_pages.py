@@ -27,8 +27,10 @@ _NAMED_CLUSTERS = "../how-to/several-machines.md#named-clusters-where-training-m
 
 
 def _cell(text: object) -> str:
-    """`text` made safe for one cell of a Markdown table (no pipe, no raw HTML, one line)."""
-    return " ".join(str(text).split()).replace("|", r"\|").replace("<", "&lt;")
+    """`text` made safe for one cell of a Markdown table: no pipe, no raw HTML; each of its lines
+    a line of the cell."""
+    safe = str(text).replace("|", r"\|").replace("<", "&lt;")
+    return "<br>".join(" ".join(line.split()) for line in safe.splitlines())
 
 
 def _code(value: object) -> str:
@@ -50,12 +52,22 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
+def _choice(value: object, text: str) -> str:
+    """A choice and what the trigger form's dropdown says of it, when it says more than its name."""
+    prefix = f"{value}: "
+    return f"`{value}`: {text.removeprefix(prefix)}" if text.startswith(prefix) else f"`{value}`"
+
+
 def _allowed(setting: Setting) -> str:
     """What a setting accepts, in words: its choices, its bounds, or the deployment's names."""
     if setting.choices_from is not None:
         return f"a cluster name the deployment configures ([named clusters]({_NAMED_CLUSTERS}))"
     if setting.choices is not None:
-        return ", ".join(f"`{value}`" for value in setting.choices)
+        described = any(
+            str(text).startswith(f"{value}: ") for value, text in setting.choices.items()
+        )
+        choices = [_choice(value, text) for value, text in setting.choices.items()]
+        return "\n".join(choices) if described else ", ".join(choices)
     low = (
         f"({_number(setting.above)}"
         if setting.above is not None
