@@ -71,3 +71,23 @@ def test_the_readme_links_to_files_that_exist() -> None:
     assert "docs/tutorials/first-run.md" in local
     missing = [target for target in local if not (ROOT / target).is_file()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_the_pipeline_yaml_page_names_every_key_a_spec_takes() -> None:
+    import dataclasses
+
+    from stratoflow.config.spec import DatasetSpec, EvaluationGate, ModelSpec, PipelineSpec
+
+    page = (DOCS / "reference" / "pipeline-yaml.md").read_text()
+    named = set(re.findall(r"`([a-z_]+)", page))
+    # The pipeline's name and folder are its folder's, never keys of the file.
+    top = {f.name for f in dataclasses.fields(PipelineSpec)} - {"name", "folder"}
+    sections = {"dataset": DatasetSpec, "model": ModelSpec, "evaluation": EvaluationGate}
+    keys = top | {
+        f"{section}.{f.name}"
+        for section, spec in sections.items()
+        for f in dataclasses.fields(spec)
+    }
+
+    missing = sorted(key for key in keys if key.split(".")[-1] not in named)
+    assert not missing, f"docs/reference/pipeline-yaml.md names no key {missing}"
