@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import locations, names
+from stratoflow.config import connections, locations, names
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.config.strategies import ClusterPlan, PlannedMember
 from stratoflow.distributed.cluster import ClusterLayout, free_ports, member_env
@@ -77,9 +77,7 @@ POLL_INTERVAL_SECONDS = 0.5
 # Each is allowlisted (`member_environment`); the team's own variables go with them.
 FORWARDED_ENV = (
     locations.TRACKING_URI_ENV,
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "MLFLOW_TRACKING_TOKEN",
+    *connections.CREDENTIAL_ENV,
     "MLFLOW_DISABLE_TELEMETRY",
     locations.DATA_DIR_ENV,
     locations.STATE_DIR_ENV,
