@@ -6,6 +6,9 @@ Every task body and failure callback starts with `dags.factory.airflow_run`, whi
 URI and service account replace this process's MLflow environment variables; where it does not,
 the environment stays as the deployment set it. Airflow masks the connection's password in the
 task logs. Training members get the allowlist of this environment they got before.
+
+A Ray cluster's connection (`stratoflow_ray_<name>`) is looked up by the training task when it
+connects (`lookup`, handed to `stratoflow.distributed.launchers.launcher_for`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ from stratoflow.config.connections import ConnectionFields
 logger = logging.getLogger(__name__)
 
 
+def lookup(conn_id: str) -> ConnectionFields | None:
+    """The deployment's connection `conn_id` (`connections.Lookup`), or None where it has none."""
+    try:
+        return ConnectionFields.of(Connection.get(conn_id))
+    except AirflowNotFoundException:
+        return None
+
+
 def apply_connections(environ: MutableMapping[str, str] | None = None) -> bool:
     """Put the `stratoflow_mlflow` connection, when the deployment has one, into `environ`.
 
@@ -36,11 +47,10 @@ def apply_connections(environ: MutableMapping[str, str] | None = None) -> bool:
         ConnectionConfigError: the connection exists but is malformed (names the field).
     """
     environ = os.environ if environ is None else environ
-    try:
-        connection = Connection.get(connections.MLFLOW_CONNECTION_ID)
-    except AirflowNotFoundException:
+    fields = lookup(connections.MLFLOW_CONNECTION_ID)
+    if fields is None:
         return False
-    settings = connections.mlflow_environment(ConnectionFields.of(connection))
+    settings = connections.mlflow_environment(fields)
     for name, value in settings.items():
         if value:
             environ[name] = value
@@ -73,3 +83,16 @@ class MlflowTrackingHook(BaseHook):
         """The MLflow client's environment variables this connection stands for."""
         fields = ConnectionFields.of(self.get_connection(self.mlflow_conn_id))
         return connections.mlflow_environment(fields)
+
+
+class RayClusterHook(BaseHook):
+    """The hook behind the `stratoflow_ray` connection type: a Ray cluster's address and token."""
+
+    conn_name_attr = "ray_conn_id"
+    default_conn_name = connections.ray_connection_id("default")
+    conn_type = connections.RAY_CONNECTION_TYPE
+    hook_name = "Ray cluster (stratoflow)"
+
+    def __init__(self, ray_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.ray_conn_id = ray_conn_id

@@ -17,7 +17,7 @@ be drawn without importing stratoflow's engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ PASSWORD_ENV = "MLFLOW_TRACKING_PASSWORD"
 TOKEN_ENV = "MLFLOW_TRACKING_TOKEN"
 CREDENTIAL_ENV = (USERNAME_ENV, PASSWORD_ENV, TOKEN_ENV)
 TRACKING_SCHEMES = ("http", "https")
+RAY_CONNECTION_TYPE = "stratoflow_ray"
 
 
 class ConnectionConfigError(SpecError):
@@ -65,6 +66,20 @@ class ConnectionFields:
             password=connection.password or None,
             extra=dict(connection.extra_dejson or {}),
         )
+
+
+# conn_id → the connection's fields, or None where the deployment defines no such connection.
+Lookup = Callable[[str], "ConnectionFields | None"]
+
+
+def no_connections(conn_id: str) -> ConnectionFields | None:
+    """The `Lookup` outside Airflow: no connection is ever defined."""
+    return None
+
+
+def ray_connection_id(cluster: str) -> str:
+    """The Airflow Connection holding the Ray cluster `cluster`'s address and token."""
+    return f"stratoflow_ray_{cluster}"
 
 
 def mlflow_environment(fields: ConnectionFields) -> dict[str, str]:
@@ -109,7 +124,7 @@ def provider_info() -> dict[str, Any]:
     return {
         "package-name": "stratoflow",
         "name": "stratoflow",
-        "description": "Retraining pipelines for TensorFlow: MLflow tracking server connection.",
+        "description": "Retraining pipelines for TensorFlow: the MLflow server and Ray clusters.",
         "connection-types": [
             {
                 "connection-type": MLFLOW_CONNECTION_TYPE,
@@ -127,6 +142,16 @@ def provider_info() -> dict[str, Any]:
                         "schema": "http or https (when the URL has none)",
                     },
                 },
-            }
+            },
+            {
+                "connection-type": RAY_CONNECTION_TYPE,
+                "hook-class-name": "tasks.deployment_connections.RayClusterHook",
+                "hook-name": "Ray cluster (stratoflow)",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "extra"],
+                    "relabeling": {"host": "Ray address", "password": "Ray auth token"},
+                    "placeholders": {"host": "ray://ray-head.example.org or head-host"},
+                },
+            },
         ],
     }
