@@ -87,9 +87,15 @@ def refusing_task(**task_kwargs: Any) -> Callable[[Callable[..., Any]], Any]:
 
 
 def airflow_run(context: Any) -> AirflowRun:
-    """The DAG run of a task's Airflow context, as the task bodies take it."""
+    """The DAG run of a task's Airflow context, as the task bodies take it.
+
+    Every task body and callback starts here, so the deployment's Airflow Connections
+    (`tasks.deployment_connections`) are applied to the process first.
+    """
+    from tasks.deployment_connections import apply_connections
     from tasks.run_context import AirflowRun
 
+    apply_connections()
     return AirflowRun.from_context(context)
 
 
@@ -165,8 +171,10 @@ def end_runs_left_running(pipeline: str) -> Callable[[Any], None]:
 
     def end_runs_left_running(context: Any) -> None:
         from tasks import clean_up
+        from tasks.deployment_connections import apply_connections
         from tasks.run_context import AirflowRun
 
+        apply_connections()
         run = AirflowRun(context["dag"].dag_id, context["run_id"])
         clean_up.clean_up_stopped_run(pipeline, run)
 

@@ -103,6 +103,7 @@ def run_training(
     """
     from stratoflow.distributed.launchers import launcher_for
     from stratoflow.tracking import mlflow_runs, plots
+    from tasks import deployment_connections
 
     payload = TrainingPayload(
         plan=plan,
@@ -114,7 +115,9 @@ def run_training(
     training = plan.training
     restarts = Restarts(training.max_restarts)
     try:
-        result = launcher_for(training).run(plan.cluster, payload, restarts)
+        result = launcher_for(training, deployment_connections.lookup).run(
+            plan.cluster, payload, restarts
+        )
     finally:
         _log_restarts(mlflow_run_id, restarts)
     mlflow_runs.set_tags(

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import locations, names
+from stratoflow.config import connections, locations, names
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.config.strategies import ClusterPlan, PlannedMember
 from stratoflow.distributed.cluster import ClusterLayout, free_ports, member_env
@@ -77,9 +77,7 @@ POLL_INTERVAL_SECONDS = 0.5
 # Each is allowlisted (`member_environment`); the team's own variables go with them.
 FORWARDED_ENV = (
     locations.TRACKING_URI_ENV,
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "MLFLOW_TRACKING_TOKEN",
+    *connections.CREDENTIAL_ENV,
     "MLFLOW_DISABLE_TELEMETRY",
     locations.DATA_DIR_ENV,
     locations.STATE_DIR_ENV,
@@ -188,9 +186,10 @@ class RayLauncher:
     """The `ray` launcher: a run's members as actors on the Ray cluster at `address`, reserved
     as one placement group (`placement`: "pack", "spread" or "strict_spread")."""
 
-    def __init__(self, address: str, placement: str = "pack"):
+    def __init__(self, address: str, placement: str = "pack", token: str | None = None):
         self.address = address
         self.placement = placement
+        self.token = token
 
     def run(
         self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
@@ -209,6 +208,7 @@ class RayLauncher:
             address=self.address,
             placement=self.placement,
             restarts=restarts,
+            token=self.token,
         )
         return TrainingResult.from_dict(result)
 
@@ -222,6 +222,7 @@ def run_cluster(
     placement: str = "pack",
     restarts: Restarts | None = None,
     timeout_seconds: float | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Run the planned members on the Ray cluster at `address`; the result member's result.
 
@@ -233,6 +234,7 @@ def run_cluster(
         placement: "pack", "spread" or "strict_spread" (`PLACEMENT_STRATEGIES`).
         restarts: the budget for lost members (none by default); records each restart.
         timeout_seconds: fail if one start of the cluster takes longer.
+        token: the Ray token to present (`connect`); None: this node's own.
 
     Returns:
         The result member's result, with `nodes`: member name -> "ip (hostname)".
@@ -243,7 +245,7 @@ def run_cluster(
     """
     import ray
 
-    connect(address)
+    connect(address, token)
     budget = restarts or Restarts(0)
     try:
 
@@ -262,16 +264,26 @@ def run_cluster(
 # wait would only double the time to the error. A GCS address has no such step: one attempt.
 RAY_CLIENT_ATTEMPTS = 2
 RAY_CLIENT_RETRY_PAUSE_SECONDS = 2.0
+# Where a Ray driver takes its token from: the variable first, else the file the other names.
+RAY_TOKEN_ENV = "RAY_AUTH_TOKEN"
+RAY_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 
 
-def connect(address: str) -> None:
+def connect(address: str, token: str | None = None) -> None:
     """Connect this process to the Ray cluster at `address` as a driver.
+
+    `token` (a Ray cluster's Airflow Connection holds one) replaces this node's token file for
+    the connection: Ray reads `$RAY_AUTH_TOKEN` before the file. Members never see it: their
+    environment is an allowlist (`member_environment`), and actors get their node's.
 
     Raises:
         RayClusterError: no cluster answers there (or this host has no Ray node).
     """
     import ray
 
+    if token is not None:
+        os.environ[RAY_TOKEN_ENV] = token
+        os.environ.pop(RAY_TOKEN_PATH_ENV, None)
     attempts = RAY_CLIENT_ATTEMPTS if address.startswith("ray://") else 1
     for attempt in range(1, attempts + 1):
         if ray.is_initialized():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import locations
+from stratoflow.config import connections, locations
 from stratoflow.config.spec import load_spec
 from stratoflow.tracking import mlflow_runs
 
@@ -34,7 +34,7 @@ HOST = "127.0.0.1"
 # 5000 is MLflow's own UI and server port; the scoring server takes the next one by default.
 DEFAULT_PORT = 5001
 # What MLflow's client presents to a tracking server; the scoring server gets none of it.
-CREDENTIAL_ENV = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+CREDENTIAL_ENV = connections.CREDENTIAL_ENV
 # How long a uvicorn worker may take to answer its supervisor's health check (loading included).
 WORKER_HEALTHCHECK_SECONDS = 120
 # Longer than this, a one-row example is referred to by its file instead of printed inline.

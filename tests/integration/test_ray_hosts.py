@@ -72,6 +72,27 @@ def on_head(hosts: RayHosts, monkeypatch: pytest.MonkeyPatch) -> RayHosts:
     return hosts
 
 
+@pytest.fixture
+def on_head_through_a_connection(on_head: RayHosts, monkeypatch: pytest.MonkeyPatch) -> RayHosts:
+    """As `on_head`, but the cluster's address and token are in the Airflow Connection
+    `stratoflow_ray_default` alone: the environment names the cluster, not where it is, and the
+    head host's token file is out of reach."""
+    monkeypatch.delenv(clusters.RAY_ADDRESS_ENV)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH")
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps([clusters.DEFAULT]))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STRATOFLOW_RAY_DEFAULT",
+        json.dumps(
+            {
+                "conn_type": "stratoflow_ray",
+                "host": on_head.ray_address,
+                "password": on_head.token_path.read_text().strip(),
+            }
+        ),
+    )
+    return on_head
+
+
 def members_running(hosts: RayHosts) -> list[psutil.Process]:
     """Training and server processes on the hosts (members run under Ray, not under pytest)."""
     found = []
@@ -152,8 +173,10 @@ def environment_of(mlflow_client: Any, run: Any, tmp_path: Path) -> dict[str, An
     return json.loads(Path(path).read_text())
 
 
-def test_multi_worker_mirrored_trains_with_one_worker_per_host(on_head, mlflow_client, tmp_path):
-    hosts: RayHosts = on_head
+def test_multi_worker_mirrored_trains_with_one_worker_per_host(
+    on_head_through_a_connection, mlflow_client, tmp_path
+):
+    hosts: RayHosts = on_head_through_a_connection
     conf = {
         "strategy": "multi_worker_mirrored",
         "workers": 2,

@@ -303,7 +303,9 @@ def test_a_standing_cluster_is_not_used_by_launcher_ray(
     ("variable", "value", "message"),
     [
         (clusters.RAY_CLUSTERS_ENV, "head:6379", "$STRATOFLOW_RAY_CLUSTERS is not valid JSON"),
-        (clusters.RAY_CLUSTERS_ENV, '["head:6379"]', "must be a JSON object"),
+        # A list holds names (addresses in Airflow Connections): an address there is no name.
+        (clusters.RAY_CLUSTERS_ENV, '["head:6379"]', "cluster name 'head:6379' must be"),
+        (clusters.RAY_CLUSTERS_ENV, '"head:6379"', "must be a JSON object"),
         (clusters.RAY_CLUSTERS_ENV, '{"a b": "h:1"}', "cluster name 'a b' must be"),
         (clusters.RAY_CLUSTERS_ENV, '{"a": "h; rm -rf /"}', "cluster 'a' has address"),
         (clusters.STANDING_CLUSTERS_ENV, '{"a": {"worker": ["w:1"]}}', "cluster 'a' must be a"),

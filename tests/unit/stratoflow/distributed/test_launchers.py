@@ -6,8 +6,12 @@ from __future__ import annotations
 import ast
 import json
 
+import pytest
+
 from stratoflow.config import clusters, locations
+from stratoflow.config.connections import ConnectionFields
 from stratoflow.config.options import LAUNCHERS
+from stratoflow.config.parsing import SpecError
 from stratoflow.config.strategies import planned_members
 from stratoflow.config.training import TrainingConfig
 from stratoflow.distributed.launcher import LocalLauncher, local_members
@@ -64,3 +68,71 @@ def test_local_members_are_the_planned_members_in_one_cluster():
 def test_a_lone_training_process_gets_no_cluster():
     (member,) = local_members(planned_members(TrainingConfig(strategy="mirrored")))
     assert (member.name, member.env) == ("training process", {})
+
+
+def connection_lookup(**by_id: ConnectionFields):
+    return lambda conn_id: by_id.get(conn_id)
+
+
+def test_a_ray_clusters_connection_gives_its_address_and_token(monkeypatch):
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps(["east"]))
+    found = connection_lookup(
+        stratoflow_ray_east=ConnectionFields(
+            conn_id="stratoflow_ray_east", host="ray://127.0.0.1", port=10001, password="tok"
+        )
+    )
+    ray = launcher_for(TrainingConfig(launcher="ray", ray_cluster="east"), found)
+    assert isinstance(ray, RayLauncher)
+    assert (ray.address, ray.token) == ("ray://127.0.0.1:10001", "tok")
+
+
+def test_a_connection_overrides_the_environments_address_and_brings_its_own_token(monkeypatch):
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps({"lab": "127.0.0.1:6379"}))
+    without = launcher_for(TrainingConfig(launcher="ray", ray_cluster="lab"))
+    assert (without.address, without.token) == ("127.0.0.1:6379", None)  # the node's own token
+    found = connection_lookup(
+        stratoflow_ray_lab=ConnectionFields(
+            conn_id="stratoflow_ray_lab", host="127.0.0.2:6379", password="lab-token"
+        )
+    )
+    target = clusters.ray_target("lab", found)
+    assert (target.address, target.token) == ("127.0.0.2:6379", "lab-token")
+    assert target.source == "Airflow connection 'stratoflow_ray_lab'"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"host": "ray://127.0.0.1:10001"},
+            "Airflow connection 'stratoflow_ray_east': password is empty; expected the Ray "
+            "cluster's auth token",
+        ),
+        (
+            {"host": "$(curl x)", "password": "t"},
+            "Airflow connection 'stratoflow_ray_east' has address '$(curl x)'",
+        ),
+    ],
+)
+def test_a_malformed_ray_connection_is_refused_naming_it(monkeypatch, fields, message):
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps(["east"]))
+    found = connection_lookup(
+        stratoflow_ray_east=ConnectionFields(conn_id="stratoflow_ray_east", **fields)
+    )
+    with pytest.raises(clusters.ClusterConfigError) as error:
+        clusters.ray_target("east", found)
+    assert message in str(error.value)
+
+
+def test_a_named_cluster_whose_connection_is_missing_is_refused_naming_the_connection(
+    monkeypatch,
+):
+    monkeypatch.setenv(clusters.RAY_CLUSTERS_ENV, json.dumps({"east": None}))
+    assert clusters.ray_clusters() == {"east": None}
+    with pytest.raises(clusters.ClusterConfigError, match="'stratoflow_ray_east', and there is"):
+        launcher_for(TrainingConfig(launcher="ray", ray_cluster="east"))
+    # A name the deployment does not list is refused before any connection is looked up.
+    asked = []
+    with pytest.raises(SpecError, match="allowed: east"):
+        clusters.ray_target("west", lambda conn_id: asked.append(conn_id))
+    assert asked == []
