@@ -79,7 +79,7 @@ def prepare_and_check_here(spec: PipelineSpec) -> tuple[DatasetRef, DatasetStati
         SpecError: as `prepare_and_check`.
     """
     from stratoflow.data import datasets, profiling
-    from stratoflow.training.validation import check_pipeline_code
+    from stratoflow.training.validation import check_pipeline_code, preprocessing_refusal
 
     try:
         reference = datasets.prepare_dataset(
@@ -94,6 +94,10 @@ def prepare_and_check_here(spec: PipelineSpec) -> tuple[DatasetRef, DatasetStati
         statistics = profiling.dataset_statistics(reference, seed=spec.training.seed)
     except SpecError as error:  # the preprocessing's import path does not resolve
         raise SpecError(f"{spec.source}: {error}") from None
+    except Exception as error:  # reading a split runs the pipeline's preprocessing
+        if spec.dataset.preprocess is None:
+            raise
+        raise preprocessing_refusal(spec, error) from None
     check_pipeline_code(spec, reference, statistics.train)
     return reference, statistics
 

@@ -53,10 +53,7 @@ def check_pipeline_code(
     except SpecError as error:
         raise SpecError(f"{source}: {error}") from None
     except (tf.errors.OpError, TypeError, ValueError) as error:
-        raise SpecError(
-            f"{source}: dataset.preprocess {spec.dataset.preprocess!r} failed on the training "
-            f"examples: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
-        ) from None
+        raise preprocessing_refusal(spec, error) from None
     try:
         outputs = model(inputs, training=False)
     except Exception as error:
@@ -83,6 +80,14 @@ def check_pipeline_code(
                 else "one value per regression target"
             )
         )
+
+
+def preprocessing_refusal(spec: PipelineSpec, error: Exception) -> SpecError:
+    """The refusal of a preprocessing function that failed on the training examples."""
+    return SpecError(
+        f"{spec.source}: dataset.preprocess {spec.dataset.preprocess!r} failed on the training "
+        f"examples: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
+    )
 
 
 def _describe_inputs(inputs: Any) -> str:
