@@ -151,8 +151,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         # At parse time these are XComArgs standing in for the dicts the tasks will receive.
         prepared: Any = prepare_dataset()
+        data_gate: Any = validate_data(prepared)
         trained: Any = train_model(prepared)
-        validate_data(prepared) >> trained  # the data gate decides before any training
+        data_gate >> trained  # the data gate decides before any training
         evaluated: Any = evaluate_model(prepared, trained)
         log_and_register_model(prepared, trained, evaluated)
     return dag
