@@ -115,25 +115,28 @@ def champion_statistics(model_name: str) -> tuple[str | None, DatasetStatistics 
     whose run has none (trained before statistics were kept)."""
     from stratoflow.tracking import mlflow_runs
 
+    # An MLflow that does not answer fails the task (and Airflow retries it): it must not pass
+    # for "no champion", which would let the data through unchecked.
+    mlflow_runs.check_reachable()
     mlflow_client = mlflow_runs.client()
     try:
         version = mlflow_client.get_model_version_by_alias(model_name, names.CHAMPION)
     except Exception:  # no such registered model, or no champion alias
         return None, None
+    folder_of_artifact = str(Path(names.STATISTICS_ARTIFACT).parent)
+    listed = {
+        item.path for item in mlflow_client.list_artifacts(version.run_id, folder_of_artifact)
+    }
+    if names.STATISTICS_ARTIFACT not in listed:
+        logger.warning(
+            "champion version %s (run %s) has no %s: trained before statistics were kept; the "
+            "data gate checks missing values and declared ranges only",
+            version.version,
+            version.run_id,
+            names.STATISTICS_ARTIFACT,
+        )
+        return str(version.version), None
     with tempfile.TemporaryDirectory(prefix="stratoflow-champion-") as folder:
-        try:
-            path = mlflow_client.download_artifacts(
-                version.run_id, names.STATISTICS_ARTIFACT, folder
-            )
-        except Exception as error:  # MLflow raises several types for a missing artifact
-            logger.warning(
-                "champion version %s (run %s) has no %s (%s): trained before statistics were "
-                "kept; the data gate checks missing values and declared ranges only",
-                version.version,
-                version.run_id,
-                names.STATISTICS_ARTIFACT,
-                type(error).__name__,
-            )
-            return str(version.version), None
+        path = mlflow_client.download_artifacts(version.run_id, names.STATISTICS_ARTIFACT, folder)
         data: Any = json.loads(Path(path).read_text())
     return str(version.version), DatasetStatistics.from_dict(data)
