@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 1024
+# A batch's decoded features stay under this many bytes (large images get smaller batches).
+BATCH_BYTES = 64 << 20
 PERCENTILES = np.linspace(0.0, 1.0, 101)
 # The name of an image dataset's one feature.
 IMAGE_FEATURE = "image"
@@ -249,6 +251,14 @@ def split_statistics(
     )
 
 
+def batch_size(features: Features) -> int:
+    """Examples per batch read: `BATCH_SIZE`, fewer when that many images exceed `BATCH_BYTES`."""
+    if features.kind == TABULAR:
+        return BATCH_SIZE
+    example_bytes = 4 * int(np.prod(features.shape))  # float32 pixels
+    return max(1, min(BATCH_SIZE, BATCH_BYTES // example_bytes))
+
+
 def dataset_statistics(
     dataset: DatasetRef, roles: Iterable[str] | None = None, seed: int = 0
 ) -> DatasetStatistics:
@@ -260,8 +270,9 @@ def dataset_statistics(
     from stratoflow.data.datasets import load_split
 
     splits = {}
+    size = batch_size(dataset.features)
     for role in roles if roles is not None else dataset.splits:
-        batches = load_split(dataset, role).batch(BATCH_SIZE).as_numpy_iterator()
+        batches = load_split(dataset, role).batch(size).as_numpy_iterator()
         splits[role] = split_statistics(batches, dataset.features, dataset.target, role, seed)
         logger.info(
             "statistics of the %s split: %d examples in %.2f s",

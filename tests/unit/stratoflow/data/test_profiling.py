@@ -113,3 +113,10 @@ def test_missing_values_are_counted_not_averaged() -> None:
 
     assert (split["x"].count, split["x"].missing, split["x"].mean) == (4, 2, 2.0)
     assert split["x"].missing_share == 0.5
+
+
+def test_large_images_are_read_in_batches_that_stay_under_the_byte_bound() -> None:
+    assert profiling.batch_size(Features("tabular", columns=(Column("x", NUMERIC),))) == 1024
+    assert profiling.batch_size(Features("image", shape=(28, 28, 1))) == 1024
+    large = profiling.batch_size(Features("image", shape=(1024, 1024, 3)))
+    assert large == 5 and large * 1024 * 1024 * 3 * 4 <= profiling.BATCH_BYTES
