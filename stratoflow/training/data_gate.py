@@ -105,10 +105,11 @@ class DataGateReport:
         if not self.anomalies:
             return "data gate passed: no anomaly" + (f" ({self.notes[0]})" if self.notes else "")
         found = "; ".join(anomaly.describe() for anomaly in self.anomalies)
+        count = f"{len(self.anomalies)} {'anomaly' if len(self.anomalies) == 1 else 'anomalies'}"
         if self.accepted_drift:
-            return f"data gate: {len(self.anomalies)} anomalies accepted by accept_drift: {found}"
+            return f"data gate: {count} accepted by accept_drift: {found}"
         return (
-            f"data gate failed, {len(self.anomalies)} anomalies: {found}. Nothing was trained; "
+            f"data gate failed, {count}: {found}. Nothing was trained; "
             "if the change is expected, rerun with accept_drift=true"
         )
 
