@@ -1,6 +1,9 @@
 """Retrain a TensorFlow model and track it in MLflow: one DAG per pipeline spec.
 
-`prepare_dataset` builds or loads the versioned TFDS dataset, `train_model` trains under the
+`prepare_dataset` builds or loads the versioned TFDS dataset and computes every split's
+statistics, `validate_data` checks the data against the champion's before any training (a failing
+check fails the run without a retry; `accept_drift` accepts a known change), `train_model` trains
+under the
 `tf.distribute` strategy the run chose, `evaluate_model` scores the test split and decides the
 gate against the current champion, and `log_and_register` registers a model version in MLflow
 (promoting it to `champion` only when the gate passed).
@@ -71,8 +74,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
         spec: the validated pipeline spec (schedule, owner, retries, tags, training defaults).
 
     Returns:
-        The DAG `retrain_<name>` with tasks prepare_dataset → train_model → evaluate_model →
-        log_and_register.
+        The DAG `retrain_<name>` with tasks prepare_dataset → validate_data → train_model →
+        evaluate_model → log_and_register.
     """
     pipeline = spec.name
     with factory.new_dag(
@@ -96,6 +99,14 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
             run = factory.airflow_run(context)
             return prepare.prepare(pipeline, context["params"], run).to_dict()
+
+        @factory.refusing_task(task_id=names.VALIDATE_DATA_TASK, multiple_outputs=False)
+        def validate_data(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
+            from tasks import validate_data
+            from tasks.prepare import PreparedDataset
+
+            run = factory.airflow_run(context)
+            return validate_data.validate_data(run, PreparedDataset.from_dict(prepared)).to_dict()
 
         @factory.refusing_task(task_id=names.TRAIN_TASK, multiple_outputs=False)
         def train_model(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
@@ -140,7 +151,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         # At parse time these are XComArgs standing in for the dicts the tasks will receive.
         prepared: Any = prepare_dataset()
+        data_gate: Any = validate_data(prepared)
         trained: Any = train_model(prepared)
+        data_gate >> trained  # the data gate decides before any training
         evaluated: Any = evaluate_model(prepared, trained)
         log_and_register_model(prepared, trained, evaluated)
     return dag

@@ -9,7 +9,9 @@ What pipeline code is handed, by contract (docs/reference/pipeline-code.md):
 
 - a model builder, `model.builder: "module:build"`, is called as
   `build(features: Features, target: Target, **hyperparameters)` and returns an uncompiled
-  Keras 3 model;
+  Keras 3 model; a builder with a parameter `statistics` also receives the training split's
+  statistics (`SplitStatistics`: means, standard deviations, vocabularies, ...) to set up its
+  normalisation and lookup layers;
 - a preprocessing function, `dataset.preprocess: "module:function"`, is a `tf.data` map function
   `function(features, target) -> (features, target)` on single examples, the features as
   the model builder gets them (`Features` says how), the target an int64 class id or float32;
@@ -35,6 +37,7 @@ from stratoflow.config.features import (
     Target,
 )
 from stratoflow.data.splits import SPLIT_FRACTIONS, seeded_order, stratified_split
+from stratoflow.data.statistics import FeatureStatistics, SplitStatistics
 
 __all__ = [
     "CATEGORICAL",
@@ -45,7 +48,9 @@ __all__ = [
     "SPLIT_FRACTIONS",
     "TABULAR",
     "Column",
+    "FeatureStatistics",
     "Features",
+    "SplitStatistics",
     "Target",
     "seeded_order",
     "stratified_split",

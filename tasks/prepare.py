@@ -9,11 +9,13 @@ retried task trains and scores with the plan the run started with, whatever its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from stratoflow.config import names
+from stratoflow.config import locations, names
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
+from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
 from tasks.run_context import (
     AirflowRun,
     PayloadError,
@@ -108,8 +110,10 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
     name_claims.claim_pipeline_names(spec)
     from stratoflow.training import own_code_check
 
-    # The pipeline's dataset builder and code run in a child with the pipeline environment.
-    reference = own_code_check.prepare_and_check(plan)
+    # The pipeline's dataset builder and code run in a child with the pipeline environment; it
+    # also streams every split into its statistics (reading a split runs the preprocessing).
+    reference, statistics = own_code_check.prepare_and_check(plan)
+    write_statistics(statistics, locations.run_dir(run.dag_id, run.run_id))
     mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec,
         run.dag_id,
@@ -119,3 +123,14 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
         triggered_by=run.triggered_by,
     )
     return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, plan=plan)
+
+
+def write_statistics(statistics: DatasetStatistics, run_dir: Path) -> Path:
+    """Keep the run's statistics in its folder, where the data gate and the training processes
+    read them."""
+    import json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / STATISTICS_FILE
+    path.write_text(json.dumps(statistics.to_dict()))
+    return path

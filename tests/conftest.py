@@ -67,6 +67,7 @@ SLOWEST_UNITS_FIRST = (
     "tests/integration/test_retrain_dag.py",
     "tests/integration/test_cluster_strategies_dag.py",
     "tests/integration/test_own_pipelines.py",
+    "tests/integration/test_data_gate_dag.py",
     "tests/integration/test_stopping_a_run.py",
     "tests/unit/stratoflow/training/test_strategies_equivalence.py",
     "tests/integration/test_benchmark_dag.py",

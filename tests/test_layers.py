@@ -75,12 +75,12 @@ def test_an_import_cycle_breaks_the_check(copy_of_the_code: Path) -> None:
 
 def test_pipeline_code_reaching_past_the_api_breaks_its_contract(copy_of_the_code: Path) -> None:
     # A bundled pipeline's module importing the engine directly, not through `stratoflow.api`.
-    preprocess = copy_of_the_code / "pipelines/penguins/preprocess.py"
-    preprocess.write_text(preprocess.read_text() + "\nfrom stratoflow.data import datasets\n")
+    model = copy_of_the_code / "pipelines/penguins/model.py"
+    model.write_text(model.read_text() + "\nfrom stratoflow.data import datasets\n")
     assert_broken(
         copy_of_the_code,
         "Pipeline code imports stratoflow.api only",
-        "pipelines.penguins.preprocess -> stratoflow.data.datasets",
+        "pipelines.penguins.model -> stratoflow.data.datasets",
     )
 
 

@@ -27,8 +27,11 @@ from stratoflow.config.features import CATEGORICAL, IMAGE, TABULAR, Features, Ta
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.plugins import load_object
 
-# The contract's first two parameters; every other parameter is a hyperparameter.
+# The contract's first two parameters; every other parameter is a hyperparameter, except
+# `statistics`: a builder that takes it receives the training split's statistics
+# (`stratoflow.data.statistics.SplitStatistics`) to set up normalisation and lookup layers.
 CONTRACT_PARAMETERS = ("features", "target")
+STATISTICS_PARAMETER = "statistics"
 
 
 def small_cnn(
@@ -131,7 +134,12 @@ def hyperparameter_names(function: Callable[..., Any]) -> list[str] | None:
     parameters = inspect.signature(function).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return None
-    return [name for name in parameters if name not in CONTRACT_PARAMETERS]
+    return [name for name in parameters if name not in (*CONTRACT_PARAMETERS, STATISTICS_PARAMETER)]
+
+
+def takes_statistics(function: Callable[..., Any]) -> bool:
+    """Whether a builder asks for the training split's statistics (a `statistics` parameter)."""
+    return STATISTICS_PARAMETER in inspect.signature(function).parameters
 
 
 def check_hyperparameters(

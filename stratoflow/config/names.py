@@ -15,6 +15,7 @@ REFRESH_DAG_PREFIX = "refresh_"
 
 # The task ids of a retrain DAG, in order.
 PREPARE_TASK = "prepare_dataset"
+VALIDATE_DATA_TASK = "validate_data"
 TRAIN_TASK = "train_model"
 EVALUATE_TASK = "evaluate_model"
 REGISTER_TASK = "log_and_register"
@@ -75,6 +76,18 @@ CONFUSION_MATRIX_ARTIFACT = "confusion_matrix.png"
 RESIDUALS_ARTIFACT = "residuals.png"
 PER_CLASS_ARTIFACT = "evaluation/per_class.json"
 TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
+# The statistics of every prepared split (the champion's run holds those of the data it was
+# trained on), and the data gate's report.
+STATISTICS_ARTIFACT = "data/statistics.json"
+STATISTICS_HTML_ARTIFACT = "data/statistics.html"
+DATA_GATE_ARTIFACT = "data/gate.json"
+DATA_GATE_HTML_ARTIFACT = "data/gate.html"
+# MLflow run tags and metric of the data gate.
+DATA_GATE_PASSED_TAG = "data_gate.passed"
+DATA_GATE_ACCEPTED_TAG = "data_gate.accepted_drift"
+DATA_GATE_ANOMALIES_TAG = "data_gate.anomalies"
+DATA_GATE_CHAMPION_TAG = "data_gate.champion_version"
+STATISTICS_SECONDS_METRIC = "statistics_seconds"
 # MLflow artifacts of a strategy benchmark's parent run.
 BENCHMARK_PLAN_ARTIFACT = "benchmark/plan.json"
 BENCHMARK_COMPARISON_ARTIFACT = "benchmark/comparison.json"

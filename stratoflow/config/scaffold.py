@@ -37,6 +37,10 @@ evaluation:
   metric: test_accuracy
   min: 0.85
   max_regression: 0.02
+validation:                     # the data gate before training, against the champion's data
+  distance: psi                 # or js; drift bound: max_drift, or drift: {{feature: bound}}
+  max_missing: 0.05             # share of missing values allowed per feature
+  ranges: {{image: {{min: -0.5, max: 0.5}}}}  # after preprocess.py: pixels - 0.5
 registered_model: {name}
 schedule: null                  # a cron (UTC), or only on its dataset's refresh
 owner: {name}

@@ -22,6 +22,7 @@ import yaml
 from stratoflow.config import discovery
 from stratoflow.config.parsing import SpecError, build, require_mapping
 from stratoflow.config.training import TrainingConfig, check_training
+from stratoflow.config.validation import ValidationSpec, check_validation
 
 # Kept for callers that locate the bundled pipelines.
 SPECS_DIR = discovery.BUNDLED_DIR
@@ -151,6 +152,7 @@ class PipelineSpec:
             weight_decay: 0.004}`; the learning rate is `training.learning_rate` (a Param).
         folder: the pipeline's folder (set by `load_spec`, not written in the YAML): its own
             modules are imported from there.
+        validation: the data gate before training (`stratoflow.config.validation`).
     """
 
     name: str
@@ -168,6 +170,7 @@ class PipelineSpec:
     retries: int = 2
     retry_delay_seconds: int = 60
     folder: str = ""
+    validation: ValidationSpec = field(default_factory=ValidationSpec)
 
     @property
     def source(self) -> str:
@@ -278,6 +281,7 @@ def _check_values(spec: PipelineSpec, source: str, check_settings: bool = True) 
             f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(PROBLEM_TYPES)}"
         )
     _check_optimizer(spec.optimizer, source)
+    check_validation(spec.validation, source)
     return dataclasses.replace(spec, evaluation=_checked_gate(spec.evaluation, spec.task, source))
 
 

@@ -215,6 +215,13 @@ class TrainingConfig:
         title="Promote",
         help="Move the `champion` alias when the evaluation gate passes.",
     )
+    accept_drift: bool = _setting(
+        False,
+        title="Accept data drift",
+        help="Train this run although the data gate found anomalies (drift, schema changes, "
+        "missing values, values out of range) against the champion's data: for a known change. "
+        "The MLflow run records it.",
+    )
 
 
 def settings_of(config: type = TrainingConfig) -> dict[str, tuple[type, Setting]]:

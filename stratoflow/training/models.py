@@ -22,12 +22,14 @@ from stratoflow.config.model_builders import (
     mlp,
     resolve_builder,
     small_cnn,
+    takes_statistics,
 )
 from stratoflow.config.parsing import SpecError
 
 if TYPE_CHECKING:
     from stratoflow.config.spec import PipelineSpec
     from stratoflow.data.datasets import DatasetRef
+    from stratoflow.data.statistics import SplitStatistics
 
 __all__ = [
     "CONTRACT_PARAMETERS",
@@ -40,17 +42,30 @@ __all__ = [
     "mlp",
     "resolve_builder",
     "small_cnn",
+    "takes_statistics",
 ]
 
 
-def build_pipeline_model(spec: PipelineSpec, dataset: DatasetRef) -> Any:
-    """`spec`'s model for `dataset`'s features and target (see `build_model`)."""
+def build_pipeline_model(
+    spec: PipelineSpec, dataset: DatasetRef, statistics: SplitStatistics | None = None
+) -> Any:
+    """`spec`'s model for `dataset`'s features and target (see `build_model`).
+
+    A builder that takes `statistics` gets `statistics` (the training split's), computed here
+    from the prepared split when None (a streamed pass: a process without the run's file).
+    """
+    function = resolve_builder(spec.model.builder, spec.folder or None)
+    if statistics is None and takes_statistics(function):
+        from stratoflow.data.profiling import dataset_statistics
+
+        statistics = dataset_statistics(dataset, roles=["train"]).train
     return build_model(
         spec.model.builder,
         dataset.features,
         dataset.target,
         spec.model.hyperparameters,
         spec.folder or None,
+        statistics=statistics,
     )
 
 
@@ -60,6 +75,8 @@ def build_model(
     target: Target,
     hyperparameters: dict[str, Any],
     folder: str | Path | None = None,
+    *,
+    statistics: SplitStatistics | None = None,
 ) -> Any:
     """Build the model `builder` names; check what it returns.
 
@@ -69,6 +86,7 @@ def build_model(
         target: the dataset's target.
         hyperparameters: the spec's `model.hyperparameters`.
         folder: the pipeline folder (for an import path).
+        statistics: the training split's statistics, for a builder that takes `statistics`.
 
     Raises:
         SpecError: the builder does not resolve, a hyperparameter it does not take, the builder
@@ -78,8 +96,15 @@ def build_model(
 
     function = resolve_builder(builder, folder)
     check_hyperparameters(function, hyperparameters, builder, "model")
+    extra: dict[str, Any] = {}
+    if takes_statistics(function):
+        if statistics is None:
+            raise SpecError(
+                f"model.builder {builder!r} takes statistics, and none were given to build it"
+            )
+        extra["statistics"] = statistics
     try:
-        model = function(features, target, **hyperparameters)
+        model = function(features, target, **hyperparameters, **extra)
     except Exception as error:
         raise SpecError(
             f"model.builder {builder!r} raised {type(error).__name__}: {error}"

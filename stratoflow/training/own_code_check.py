@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from stratoflow.config.run_plan import RunPlan
     from stratoflow.config.spec import PipelineSpec
     from stratoflow.data.datasets import DatasetRef
+    from stratoflow.data.statistics import DatasetStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +41,16 @@ MODULE = "stratoflow.training.own_code_check"
 REFUSAL_KEY = "refusal"
 
 
-def prepare_and_check(plan: RunPlan) -> DatasetRef:
-    """Prepare the plan's dataset and check the pipeline's own code against it, in a child process.
+def prepare_and_check(plan: RunPlan) -> tuple[DatasetRef, DatasetStatistics]:
+    """Prepare the plan's dataset, compute its statistics and check the pipeline's own code
+    against it, in a child process.
 
     The child gets the plan itself (`RunPlan.to_dict`), not the pipeline's name: it reads no YAML.
+    The statistics are computed there because reading a split runs the pipeline's
+    `dataset.preprocess`, its own code.
 
     Returns:
-        The prepared dataset's reference.
+        The prepared dataset's reference, and the statistics of every split.
 
     Raises:
         SpecError: data that does not fit the spec, or the pipeline's own code (dataset builder,
@@ -55,22 +59,27 @@ def prepare_and_check(plan: RunPlan) -> DatasetRef:
             crash, a kill); the message quotes its last log lines.
     """
     from stratoflow.data.datasets import DatasetRef
+    from stratoflow.data.statistics import DatasetStatistics
     from stratoflow.distributed.launcher import run_python_module
 
     result = run_python_module(MODULE, plan.to_dict(), name=CHILD_NAME)
     if REFUSAL_KEY in result:
         raise SpecError(result[REFUSAL_KEY])
-    return DatasetRef.from_dict(result["dataset"])
+    return (
+        DatasetRef.from_dict(result["dataset"]),
+        DatasetStatistics.from_dict(result["statistics"]),
+    )
 
 
-def prepare_and_check_here(spec: PipelineSpec) -> DatasetRef:
-    """What the child does, in this process: prepare the dataset, then check the code.
+def prepare_and_check_here(spec: PipelineSpec) -> tuple[DatasetRef, DatasetStatistics]:
+    """What the child does, in this process: prepare the dataset, compute its statistics (one
+    streamed pass per split), then check the code.
 
     Raises:
         SpecError: as `prepare_and_check`.
     """
-    from stratoflow.data import datasets
-    from stratoflow.training.validation import check_pipeline_code
+    from stratoflow.data import datasets, profiling
+    from stratoflow.training.validation import check_pipeline_code, preprocessing_refusal
 
     try:
         reference = datasets.prepare_dataset(
@@ -81,8 +90,16 @@ def prepare_and_check_here(spec: PipelineSpec) -> DatasetRef:
         raise SpecError(
             message if spec.source in message else f"{spec.source}: {message}"
         ) from None
-    check_pipeline_code(spec, reference)
-    return reference
+    try:
+        statistics = profiling.dataset_statistics(reference, seed=spec.training.seed)
+    except SpecError as error:  # the preprocessing's import path does not resolve
+        raise SpecError(f"{spec.source}: {error}") from None
+    except Exception as error:  # reading a split runs the pipeline's preprocessing
+        if spec.dataset.preprocess is None:
+            raise
+        raise preprocessing_refusal(spec, error) from None
+    check_pipeline_code(spec, reference, statistics.train)
+    return reference, statistics
 
 
 def main(payload_path: str, result_path: str) -> None:
@@ -97,7 +114,8 @@ def main(payload_path: str, result_path: str) -> None:
     spec = RunPlan.from_json(Path(payload_path).read_text(), "the own-code check's plan").spec
     result: dict[str, Any]
     try:
-        result = {"dataset": prepare_and_check_here(spec).to_dict()}
+        reference, statistics = prepare_and_check_here(spec)
+        result = {"dataset": reference.to_dict(), "statistics": statistics.to_dict()}
     except SpecError as error:
         result = {REFUSAL_KEY: str(error)}
     Path(result_path).write_text(json.dumps(result))

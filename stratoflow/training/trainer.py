@@ -81,6 +81,16 @@ class EpochMetrics:
 EpochCallback = Callable[[EpochMetrics], None]
 
 
+def read_training_statistics(run_dir: Path) -> Any:
+    """The training split's statistics the run's first task wrote into `run_dir`, or None."""
+    from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
+
+    path = run_dir / STATISTICS_FILE
+    if not path.is_file():
+        return None
+    return DatasetStatistics.from_dict(json.loads(path.read_text())).train
+
+
 def train(
     spec: PipelineSpec,
     dataset: DatasetRef,
@@ -130,8 +140,9 @@ def train(
         )
 
     objective = Objective(dataset.target.task)
+    statistics = read_training_statistics(run_dir)
     with strategy.scope():
-        model = build_pipeline_model(spec, dataset)
+        model = build_pipeline_model(spec, dataset, statistics)
         optimizer = make_optimizer(spec.optimizer, training.learning_rate)
         optimizer.build(model.trainable_variables)
         if training.loop == "fit":

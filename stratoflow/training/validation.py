@@ -15,9 +15,12 @@ from stratoflow.config.parsing import SpecError
 if TYPE_CHECKING:
     from stratoflow.config.spec import PipelineSpec
     from stratoflow.data.datasets import DatasetRef
+    from stratoflow.data.statistics import SplitStatistics
 
 
-def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
+def check_pipeline_code(
+    spec: PipelineSpec, dataset: DatasetRef, statistics: SplitStatistics | None = None
+) -> None:
     """Check the pipeline's own code against its prepared data, before any training.
 
     Imports the model builder and the preprocessing function (never done at DAG parse time),
@@ -42,7 +45,7 @@ def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
     except (TypeError, ValueError) as error:
         raise SpecError(f"{source}: optimizer: {error}") from None
     try:
-        model = build_pipeline_model(spec, dataset)
+        model = build_pipeline_model(spec, dataset, statistics)
     except SpecError as error:
         raise SpecError(f"{source}: {error}") from None
     try:
@@ -50,10 +53,7 @@ def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
     except SpecError as error:
         raise SpecError(f"{source}: {error}") from None
     except (tf.errors.OpError, TypeError, ValueError) as error:
-        raise SpecError(
-            f"{source}: dataset.preprocess {spec.dataset.preprocess!r} failed on the training "
-            f"examples: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
-        ) from None
+        raise preprocessing_refusal(spec, error) from None
     try:
         outputs = model(inputs, training=False)
     except Exception as error:
@@ -80,6 +80,14 @@ def check_pipeline_code(spec: PipelineSpec, dataset: DatasetRef) -> None:
                 else "one value per regression target"
             )
         )
+
+
+def preprocessing_refusal(spec: PipelineSpec, error: Exception) -> SpecError:
+    """The refusal of a preprocessing function that failed on the training examples."""
+    return SpecError(
+        f"{spec.source}: dataset.preprocess {spec.dataset.preprocess!r} failed on the training "
+        f"examples: {type(error).__name__}: {' '.join(str(error).split())[:600]}"
+    )
 
 
 def _describe_inputs(inputs: Any) -> str:

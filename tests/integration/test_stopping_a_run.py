@@ -187,6 +187,7 @@ def stop_cleanly(
     assert state == "failed"
     assert tasks == {
         "prepare_dataset": "success",
+        "validate_data": "success",
         "train_model": "failed",
         "evaluate_model": "skipped",
         "log_and_register": "skipped",

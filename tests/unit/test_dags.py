@@ -23,7 +23,13 @@ from stratoflow.config.spec import list_pipelines, load_spec
 from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 
-TASK_IDS = ["prepare_dataset", "train_model", "evaluate_model", "log_and_register"]
+TASK_IDS = [
+    "prepare_dataset",
+    "validate_data",
+    "train_model",
+    "evaluate_model",
+    "log_and_register",
+]
 HEAVY_MODULES = ["tensorflow", "mlflow", "tensorflow_datasets", "keras"]
 PARSE_TIME_BOUND_S = 60
 
@@ -246,7 +252,8 @@ def test_tasks_run_in_order(parsed: dict[str, Any], pipeline: str) -> None:
     assert dag["task_order"] == TASK_IDS
     assert dag["upstream"] == {
         "prepare_dataset": [],
-        "train_model": ["prepare_dataset"],
+        "validate_data": ["prepare_dataset"],
+        "train_model": ["prepare_dataset", "validate_data"],
         "evaluate_model": ["prepare_dataset", "train_model"],
         "log_and_register": ["evaluate_model", "prepare_dataset", "train_model"],
     }
@@ -308,6 +315,7 @@ def test_params_offer_every_training_setting_with_choices(
         "seed",
         "cache_budget_mb",
         "promote",
+        "accept_drift",
     ]
     for key, param in params.items():
         default = getattr(spec.training, key)

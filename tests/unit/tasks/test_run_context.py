@@ -25,6 +25,7 @@ from tasks.strategy_benchmark import (
     benchmark_spec,
 )
 from tasks.train import TrainedModel
+from tasks.validate_data import DataGateResult
 
 DATASET = DatasetRef(
     name="stratoflow_digits",
@@ -92,6 +93,12 @@ def examples() -> list[Any]:
             recommended_strategy="one_device",
             succeeded=["one_device"],
             failed=[],
+        ),
+        DataGateResult(
+            passed=True,
+            accepted_drift=True,
+            champion="3",
+            anomalies=["drift: bill_depth_mm: population stability index 3.322 ..."],
         ),
     ]
 

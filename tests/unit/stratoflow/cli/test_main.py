@@ -564,3 +564,16 @@ def test_a_resolved_run_rebuilds_where_the_cluster_list_is_not_held(
     assert rebuilt.training.ray_cluster == "east"
     with pytest.raises(SpecError, match=r"param ray_cluster: 'east' is not one of \[None, ''\]"):
         resolve_plan("mnist", {"launcher": "ray", "ray_cluster": "east"})
+
+
+def test_accept_drift_is_a_flag_that_turns_it_on_for_one_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    confs: list[dict[str, object]] = []
+    monkeypatch.setattr(runner, "run_pipeline", lambda pipeline, conf: confs.append(conf) or 0)
+
+    assert main.main(["run", "penguins", "--accept-drift", "--no-promote"]) == 0
+    assert main.main(["run", "penguins"]) == 0
+
+    assert confs[0] == {"accept_drift": True, "promote": False}
+    assert "accept_drift" not in confs[1]

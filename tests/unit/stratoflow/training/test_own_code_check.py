@@ -232,13 +232,18 @@ def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
     with (folder / "penguins_dataset.py").open("a") as builder:
         builder.write("\nfrom . import env_probe\n\nenv_probe.dump('dataset builder')\n")
     (folder / "probed.py").write_text(
-        "from . import env_probe\nfrom .preprocess import standardize as _standardize\n\n\n"
-        "def standardize(features, label):\n"
+        "from . import env_probe\n\n\n"
+        "def shift(features, label):\n"
         "    env_probe.dump('preprocessing')\n"
-        "    return _standardize(features, label)\n"
+        "    return features, label\n"
     )
     spec = folder / "pipeline.yaml"
-    spec.write_text(spec.read_text().replace('"preprocess:standardize"', '"probed:standardize"'))
+    spec.write_text(
+        spec.read_text().replace(
+            '"penguins_dataset:StratoflowPenguins"',
+            '"penguins_dataset:StratoflowPenguins"\n  preprocess: "probed:shift"',
+        )
+    )
     for name, value in {**SECRET_VARIABLES, **MLFLOW_ACCOUNT}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("STRATOFLOW_PIPELINE_ENV_TEAM_SETTING", "team-value")
@@ -246,7 +251,7 @@ def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
     run = AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex[:12]}")
     prepared = prepare.prepare("mine", {}, run)
 
-    assert prepared.dataset.preprocess == "probed:standardize"
+    assert prepared.dataset.preprocess == "probed:shift"
     seen = dumps(probes)
     assert {probe["where"] for probe in seen} == {"dataset builder", "preprocessing"}
     for probe in seen:
