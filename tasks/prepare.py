@@ -14,6 +14,7 @@ from typing import Any
 from stratoflow.config import names
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
+from stratoflow.tracking.fingerprints import Fingerprints
 from tasks.run_context import (
     AirflowRun,
     PayloadError,
@@ -26,6 +27,11 @@ from tasks.run_context import (
 # The XCom key of the run's plan: the resolved spec's keys, and the plan's `cluster`.
 RUN_CONFIG_KEY = "run_config"
 MLFLOW_RUN_KEY = "mlflow_run_id"
+
+
+class NothingNew(Exception):  # noqa: N818  (an outcome, not an error)
+    """A scheduled run found nothing new since the champion: it skips training; the message says
+    why (`stratoflow.tracking.fingerprints.unchanged_since_champion`)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
             (checked before any work; a refusal, like a `SpecError`).
         ChildProcessFailed: the child that prepares the dataset and checks the pipeline's code
             failed otherwise (its last log lines quoted); a retry may get past it.
+        NothingNew: a scheduled or asset-triggered run, not forced, whose dataset, code and
+            configuration equal the champion's; no MLflow run was opened.
     """
     from stratoflow.tracking import mlflow_runs, name_claims
 
@@ -110,6 +118,7 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
 
     # The pipeline's dataset builder and code run in a child with the pipeline environment.
     reference = own_code_check.prepare_and_check(plan)
+    fingerprints = check_something_new(plan, reference, run)
     mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec,
         run.dag_id,
@@ -118,4 +127,22 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
         reference.to_dict(),
         triggered_by=run.triggered_by,
     )
+    mlflow_runs.set_tags(mlflow_run_id, fingerprints.tags())
     return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, plan=plan)
+
+
+def check_something_new(plan: RunPlan, reference: DatasetRef, run: AirflowRun) -> Fingerprints:
+    """The run's fingerprints, after checking that an unattended run has something to train.
+
+    Raises:
+        NothingNew: the run is scheduled or asset-triggered, not forced, and its fingerprints
+            equal the champion's.
+    """
+    from stratoflow.tracking import fingerprints
+
+    current = fingerprints.of_run(plan.spec, reference.to_dict())
+    if fingerprints.may_skip(run.run_type, plan.training.force):
+        reason = fingerprints.unchanged_since_champion(plan.spec.registered_model, current)
+        if reason is not None:
+            raise NothingNew(reason)
+    return current

@@ -215,6 +215,15 @@ class TrainingConfig:
         title="Promote",
         help="Move the `champion` alias when the evaluation gate passes.",
     )
+    # Read by the first task of a scheduled or asset-triggered run only: a manual run always
+    # trains (`stratoflow.tracking.fingerprints`).
+    force: bool = _setting(
+        False,
+        title="Train even if nothing changed",
+        help="A scheduled or asset-triggered run skips training when its dataset, pipeline code "
+        "and training configuration equal the champion's; true makes it train anyway. Manual "
+        "runs always train.",
+    )
 
 
 def settings_of(config: type = TrainingConfig) -> dict[str, tuple[type, Setting]]:

@@ -8,16 +8,12 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
-import logging
 import os
 import re
 import sqlite3
-import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +21,14 @@ import pytest
 
 from stratoflow.cli import main, runner
 from stratoflow.config import locations, names
-from stratoflow.services import airflow_setup
 from tests.conftest import fresh_mlflow_client
+from tests.support.dag_runs import dags_test
 from tests.support.file_modes import exposed_paths
+from tests.support.smtp_sink import deployment_mail_sink
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 pytestmark = pytest.mark.integration
-log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +68,6 @@ def default_mnist_run(mlflow_client, capsys_module):
 def capsys_module():
     """What the runner printed (it writes its summary to stdout), captured per module."""
     import io
-    import sys
 
     buffer = io.StringIO()
     original = sys.stdout
@@ -132,7 +127,8 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
 
     assert default_mnist_run[0] == 0
     conf = {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1e-5}
-    assert runner.run_pipeline("mnist", conf) == 0
+    with deployment_mail_sink("ml-platform@example.org") as sink:
+        assert runner.run_pipeline("mnist", conf) == 0
     latest = runs_of(mlflow_client, "mnist")[-1]
     assert latest.data.tags["strategy"] == "mirrored"
     assert latest.data.tags["num_replicas"] == "2"
@@ -142,6 +138,12 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
         "champion": "1",
         "challenger": "2",
     }
+    # Someone hears about it: one mail naming the DAG, the run and the gate's reason.
+    (mail,) = [sink.text_of(message) for message in sink.mails]
+    run_id = latest.data.tags["airflow.run_id"]
+    assert f"retrain_mnist: run {run_id} evaluation gate failed" in mail
+    assert "stratoflow-mnist version 2 stays challenger" in mail
+    assert "test_accuracy" in mail
 
 
 def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflow_client, capsys):
@@ -352,66 +354,6 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     predictions = np.asarray(model.predict(images[:500], verbose=0))
     assert predictions.shape == (500, 10)
     assert np.mean(predictions.argmax(axis=1) == labels[:500]) >= 0.9
-
-
-# `airflow dags test` makes up its run id; this runs the same CLI with the id chosen instead
-# (only `DagRun.generate_run_id` is replaced), as a REST trigger with `dag_run_id` would.
-_DAGS_TEST_WITH_RUN_ID = textwrap.dedent(
-    """
-    import sys
-    from airflow.models.dagrun import DagRun
-
-    run_id = sys.argv.pop(1)
-    DagRun.generate_run_id = staticmethod(lambda **_: run_id)
-    from airflow.__main__ import main
-
-    sys.argv[0] = "airflow"
-    main()
-    """
-)
-
-
-@dataclass(frozen=True)
-class DagTest:
-    run_id: str
-    returncode: int
-    output: str
-    seconds: float
-    state: str
-    tries: dict[str, int]  # task id -> tries recorded (1 = no retry)
-
-
-def dags_test(dag_id: str, conf: dict[str, Any], run_id: str) -> DagTest:
-    """`airflow dags test DAG_ID -c CONF` for run `run_id`: its output, duration and tries."""
-    home = airflow_setup.airflow_home()
-    env = airflow_setup.airflow_env(home)
-    airflow_setup.ensure_airflow_db(home, env)
-    command = [sys.executable, "-c", _DAGS_TEST_WITH_RUN_ID, run_id, "dags", "test", dag_id]
-    started = time.monotonic()
-    result = subprocess.run(
-        [*command, "-c", json.dumps(conf)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    seconds = time.monotonic() - started
-    with sqlite3.connect(home / "airflow.db") as connection:
-        (state,) = connection.execute(
-            "SELECT state FROM dag_run WHERE dag_id = ? AND run_id = ?", (dag_id, run_id)
-        ).fetchone()
-        tries = dict(
-            connection.execute(
-                "SELECT task_id, try_number FROM task_instance WHERE dag_id = ? AND run_id = ? "
-                "AND try_number > 0",
-                (dag_id, run_id),
-            ).fetchall()
-        )
-    log.info(
-        "dags test %s %r %s: %s in %.1f s, tries %s", dag_id, run_id, conf, state, seconds, tries
-    )
-    return DagTest(run_id, result.returncode, result.stdout + result.stderr, seconds, state, tries)
 
 
 def runs_of_dag_run(mlflow_client, pipeline: str, run_id: str) -> list[Any]:
