@@ -116,7 +116,7 @@ def test_a_forced_or_manual_run_with_nothing_new_trains(
     assert fingerprint_tags(run) == fingerprint_tags(champion)
 
 
-def test_a_refused_run_mails_the_reason(champion_run, sink):
+def test_a_refused_run_mails_the_reason(sink):
     run_id = f"manual__refused_{time.time_ns()}"
     conf = {"strategy": "mirrored", "replicas": 2, "batch_size": 33}
     result = dags_test(DAG_ID, conf, run_id)
