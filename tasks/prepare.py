@@ -8,6 +8,7 @@ retried task trains and scores with the plan the run started with, whatever its 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,8 @@ from tasks.run_context import (
     plan_from_dict,
     typed,
 )
+
+logger = logging.getLogger(__name__)
 
 # The XCom key of the run's plan: the resolved spec's keys, and the plan's `cluster`.
 RUN_CONFIG_KEY = "run_config"
@@ -141,8 +144,11 @@ def check_something_new(plan: RunPlan, reference: DatasetRef, run: AirflowRun) -
     from stratoflow.tracking import fingerprints
 
     current = fingerprints.of_run(plan.spec, reference.to_dict())
+    unchanged = fingerprints.unchanged_since_champion(plan.spec.registered_model, current)
+    if unchanged is None:
+        return current
     if fingerprints.may_skip(run.run_type, plan.training.force):
-        reason = fingerprints.unchanged_since_champion(plan.spec.registered_model, current)
-        if reason is not None:
-            raise NothingNew(reason)
+        raise NothingNew(f"{unchanged}; trigger it manually or set force to train anyway")
+    why = "forced" if plan.training.force else f"a {run.run_type or 'manual'} run"
+    logger.info("%s; training anyway: %s", unchanged, why)
     return current

@@ -32,7 +32,7 @@ from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import list_pipelines, pipeline_problems
 from stratoflow.config.strategies import STRATEGIES
-from stratoflow.config.training import settings_of
+from stratoflow.config.training import TrainingConfig, settings_of
 from stratoflow.tracking.model_serving import DEFAULT_PORT as DEFAULT_SERVING_PORT
 
 log = logging.getLogger(__name__)
@@ -242,12 +242,18 @@ def add_training_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per training setting, from its metadata (`stratoflow.config.training`).
 
     `--batch-size` for `batch_size`; a choice's allowed values are the flag's choices; a setting
-    that is on by default gets a `--no-...` flag. Every flag defaults to None ("not given"), so
-    that only the given ones override `--conf` and the spec.
+    that is on by default gets a `--no-...` flag, one that is off a plain one (`--force`). Every
+    flag defaults to None ("not given"), so that only the given ones override `--conf` and the
+    spec.
     """
+    defaults = TrainingConfig()
     for name, (kind, setting) in settings_of().items():
         flag = "--" + name.replace("_", "-")
-        if kind is bool:
+        if kind is bool and not getattr(defaults, name):
+            parser.add_argument(
+                flag, dest=name, action="store_true", default=None, help=setting.help
+            )
+        elif kind is bool:
             parser.add_argument(
                 f"--no-{name.replace('_', '-')}",
                 dest=name,

@@ -209,5 +209,5 @@ def unchanged_since_champion(model_name: str, current: Fingerprints) -> str | No
     return (
         f"nothing new since the champion, {model_name} version {version}: same dataset "
         f"({current.dataset[:12]}), pipeline code ({current.code[:12]}) and training "
-        f"configuration ({current.config[:12]}); trigger it manually or set force to train anyway"
+        f"configuration ({current.config[:12]})"
     )

@@ -294,7 +294,7 @@ def test_the_run_carries_every_mlflow_name_the_readme_lists(
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
     tags = [name for name in backticked(readme_bullet(section, "tags")) if ":" not in name]
-    assert len(tags) == 17, tags
+    assert len(tags) == 20, tags
     member_tags = [tag for tag in tags if tag.endswith(".<member>")]
     assert member_tags == ["node.<member>"]
     assert run.data.tags.get("node.all_members")  # the local launcher: every member here

@@ -95,12 +95,12 @@ def fingerprint_tags(run: Any) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("run_type", "conf"),
-    [("scheduled", {"force": True}), ("manual", {})],
+    ("run_type", "conf", "why"),
+    [("scheduled", {"force": True}, "forced"), ("manual", {}, "a manual run")],
     ids=["scheduled_with_force", "manual"],
 )
 def test_a_forced_or_manual_run_with_nothing_new_trains(
-    champion_run, mlflow_client, run_type: str, conf: dict[str, Any]
+    champion_run, mlflow_client, run_type: str, conf: dict[str, Any], why: str
 ):
     """The decision is `prepare_dataset`'s: it goes on and opens the run's MLflow run. The
     training tasks after it are the ones every run has; Airflow marks them successful here
@@ -111,6 +111,8 @@ def test_a_forced_or_manual_run_with_nothing_new_trains(
     assert result.state == "success", result.output[-3000:]
     assert result.task_states[names.PREPARE_TASK] == "success", result.output[-3000:]
     assert result.xcom(DAG_ID, names.PREPARE_TASK, "skipped_because") is None
+    assert f"nothing new since the champion, {MODEL} version 1" in result.output
+    assert f"training anyway: {why}" in result.output
     run, champion = run_of(mlflow_client, run_id), run_of(mlflow_client, champion_run.run_id)
     # Same data, code and model configuration: `force` is not part of the fingerprint.
     assert fingerprint_tags(run) == fingerprint_tags(champion)

@@ -24,7 +24,15 @@ from stratoflow.config.strategies import STRATEGIES
 from stratoflow.services import airflow_setup
 
 TASK_IDS = ["prepare_dataset", "train_model", "evaluate_model", "log_and_register"]
-HEAVY_MODULES = ["tensorflow", "mlflow", "tensorflow_datasets", "keras"]
+# The SMTP provider's notifier (and its aiosmtplib) is imported only when a mail is sent.
+HEAVY_MODULES = [
+    "tensorflow",
+    "mlflow",
+    "tensorflow_datasets",
+    "keras",
+    "airflow.providers.smtp.notifications.smtp",
+    "aiosmtplib",
+]
 PARSE_TIME_BOUND_S = 60
 
 _PARSE_SCRIPT = textwrap.dedent(
@@ -282,7 +290,8 @@ def test_every_task_retries_and_cleans_up_after_a_final_failure(
         assert task["owner"] == spec.owner, task_id
         assert task["retries"] == spec.retries, task_id
         assert task["retry_delay_s"] == spec.retry_delay_seconds, task_id
-        assert task["failure_callbacks"] == 1, task_id
+        # The clean-up first, then the mail (`dags/notifications.py`).
+        assert task["failure_callbacks"] == 2, task_id
 
 
 @pytest.mark.parametrize("pipeline", ["mnist", "digits"])
@@ -308,6 +317,7 @@ def test_params_offer_every_training_setting_with_choices(
         "seed",
         "cache_budget_mb",
         "promote",
+        "force",
     ]
     for key, param in params.items():
         default = getattr(spec.training, key)
@@ -334,6 +344,7 @@ def test_params_offer_every_training_setting_with_choices(
     assert params["epochs"]["schema"]["minimum"] == 1
     assert params["cache_budget_mb"]["schema"]["minimum"] == 0
     assert params["promote"]["schema"]["type"] == "boolean"
+    assert params["force"]["schema"]["type"] == "boolean" and params["force"]["value"] is False
     # What the DAG carries is exactly what `stratoflow.config.params` declares.
     expected = dag_params(spec)
     for key, param in params.items():

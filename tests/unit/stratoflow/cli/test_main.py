@@ -562,3 +562,16 @@ def test_a_resolved_run_rebuilds_where_the_cluster_list_is_not_held(
     assert rebuilt.training.ray_cluster == "east"
     with pytest.raises(SpecError, match=r"param ray_cluster: 'east' is not one of \[None, ''\]"):
         resolve_plan("mnist", {"launcher": "ray", "ray_cluster": "east"})
+
+
+def test_a_setting_off_by_default_gets_a_plain_flag_one_on_by_default_a_no_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given: list[dict[str, Any]] = []
+    monkeypatch.setattr(runner, "run_pipeline", lambda _, conf: given.append(conf) or 0)
+
+    assert main.main(["run", "digits", "--force", "--no-promote"]) == 0
+    assert main.main(["run", "digits"]) == 0
+
+    assert given[0]["force"] is True and given[0]["promote"] is False
+    assert "force" not in given[1] and "promote" not in given[1]
