@@ -101,7 +101,7 @@ def skip_the_rest(context: Any, reason: str) -> NoReturn:
     """Skip this task and, by the default trigger rule, every task downstream of it.
 
     The reason shows in the task log (Airflow logs the exception's message), in the task's XCom
-    `skipped_because` (for the UI's XCom tab and `stratoflow run`), and the DAG run succeeds.
+    `skipped_because` (the UI's XCom tab), and the DAG run succeeds.
     """
     context["ti"].xcom_push(key=SKIPPED_BECAUSE_KEY, value=reason)
     raise AirflowSkipException(reason)
