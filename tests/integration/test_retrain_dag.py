@@ -178,7 +178,9 @@ def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
 def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflow_client, capsys):
     from stratoflow.tracking import model_registry
 
-    assert runner.run_pipeline("digits", {"promote": False}) == 0
+    with deployment_mail_sink("ml-platform@example.org") as sink:
+        assert runner.run_pipeline("digits", {"promote": False}) == 0
+    assert sink.mails == []  # passed and kept from champion as asked: no news
     (run,) = [r for r in runs_of(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
     assert run.data.params["training.promote"] == "False"
     assert run.data.tags["gate.passed"] == "True"

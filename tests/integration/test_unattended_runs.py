@@ -75,7 +75,7 @@ def test_the_champion_run_records_its_fingerprints_and_mails_its_promotion(
     assert RECIPIENT in sink.recipients[0]
 
 
-def test_an_unchanged_scheduled_run_skips_training_and_says_why(champion_run, mlflow_client):
+def test_an_unchanged_scheduled_run_skips_training_and_says_why(champion_run, mlflow_client, sink):
     run_id = f"scheduled__unchanged_{time.time_ns()}"
     result = dags_test(DAG_ID, {}, run_id, run_type="scheduled")
 
@@ -88,6 +88,7 @@ def test_an_unchanged_scheduled_run_skips_training_and_says_why(champion_run, ml
     assert reason in result.output  # the task log
     assert run_of(mlflow_client, run_id) is None  # no MLflow run: nothing was trained
     assert champion_version(mlflow_client) == "1"
+    assert mails_about(sink, run_id) == []  # nothing happened that anyone must hear about
 
 
 def fingerprint_tags(run: Any) -> dict[str, str]:
