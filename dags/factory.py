@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import DAG, Param, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from dags.refusals import no_retry_on_refusal
 from stratoflow.config import names
@@ -97,6 +97,20 @@ def airflow_run(context: Any) -> AirflowRun:
 
     apply_connections()
     return AirflowRun.from_context(context)
+
+
+# The XCom key of why a task skipped itself (and, by the trigger rules, every task after it).
+SKIPPED_BECAUSE_KEY = "skipped_because"
+
+
+def skip_the_rest(context: Any, reason: str) -> NoReturn:
+    """Skip this task and, by the default trigger rule, every task downstream of it.
+
+    The reason shows in the task log (Airflow logs the exception's message), in the task's XCom
+    `skipped_because` (the UI's XCom tab), and the DAG run succeeds.
+    """
+    context["ti"].xcom_push(key=SKIPPED_BECAUSE_KEY, value=reason)
+    raise AirflowSkipException(reason)
 
 
 def publish(namespace: MutableMapping[str, Any], dags: Iterable[DAG]) -> None:

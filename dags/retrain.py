@@ -8,6 +8,13 @@ under the
 gate against the current champion, and `log_and_register` registers a model version in MLflow
 (promoting it to `champion` only when the gate passed).
 
+A scheduled or asset-triggered run whose dataset, pipeline code and training configuration equal
+the champion's skips every task, the reason in `prepare_dataset`'s log and XCom
+`skipped_because`, and opens no MLflow run; a manual run, or one with `force`, trains.
+
+A task that fails for good, a promotion and an evaluation gate that fails send a mail to the
+deployment's `STRATOFLOW_NOTIFY_EMAIL` (`dags/notifications.py`).
+
 It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
 `refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
 
@@ -25,7 +32,7 @@ from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from dags import factory
+from dags import factory, notifications
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
@@ -81,7 +88,10 @@ def build_dag(spec: PipelineSpec) -> DAG:
     with factory.new_dag(
         names.retrain_dag_id(pipeline),
         defaults=factory.spec_defaults(
-            spec, on_failure_callback=factory.clean_up_failed_run(pipeline)
+            spec,
+            on_failure_callback=notifications.with_failure_mail(
+                factory.clean_up_failed_run(pipeline)
+            ),
         ),
         params=dag_params(spec),
         description=spec.description,
@@ -98,7 +108,10 @@ def build_dag(spec: PipelineSpec) -> DAG:
             from tasks import prepare
 
             run = factory.airflow_run(context)
-            return prepare.prepare(pipeline, context["params"], run).to_dict()
+            try:
+                return prepare.prepare(pipeline, context["params"], run).to_dict()
+            except prepare.NothingNew as nothing_new:
+                factory.skip_the_rest(context, str(nothing_new))
 
         @factory.refusing_task(task_id=names.VALIDATE_DATA_TASK, multiple_outputs=False)
         def validate_data(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
@@ -129,7 +142,11 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 run, PreparedDataset.from_dict(prepared), TrainedModel.from_dict(trained)
             ).to_dict()
 
-        @factory.refusing_task(task_id=names.REGISTER_TASK, multiple_outputs=False)
+        @factory.refusing_task(
+            task_id=names.REGISTER_TASK,
+            multiple_outputs=False,
+            on_success_callback=notifications.on_registered,
+        )
         def log_and_register_model(
             prepared: dict[str, Any],
             trained: dict[str, Any],

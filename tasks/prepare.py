@@ -8,6 +8,7 @@ retried task trains and scores with the plan the run started with, whatever its 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from stratoflow.config import locations, names
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
+from stratoflow.tracking.fingerprints import Fingerprints
 from tasks.run_context import (
     AirflowRun,
     PayloadError,
@@ -25,9 +27,16 @@ from tasks.run_context import (
     typed,
 )
 
+logger = logging.getLogger(__name__)
+
 # The XCom key of the run's plan: the resolved spec's keys, and the plan's `cluster`.
 RUN_CONFIG_KEY = "run_config"
 MLFLOW_RUN_KEY = "mlflow_run_id"
+
+
+class NothingNew(Exception):  # noqa: N818  (an outcome, not an error)
+    """A scheduled run found nothing new since the champion: it skips training; the message says
+    why (`stratoflow.tracking.fingerprints.unchanged_since_champion`)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,8 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
             (checked before any work; a refusal, like a `SpecError`).
         ChildProcessFailed: the child that prepares the dataset and checks the pipeline's code
             failed otherwise (its last log lines quoted); a retry may get past it.
+        NothingNew: a scheduled or asset-triggered run, not forced, whose dataset, code and
+            configuration equal the champion's; no MLflow run was opened.
     """
     from stratoflow.tracking import mlflow_runs, name_claims
 
@@ -113,6 +124,8 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
     # The pipeline's dataset builder and code run in a child with the pipeline environment; it
     # also streams every split into its statistics (reading a split runs the preprocessing).
     reference, statistics = own_code_check.prepare_and_check(plan)
+    # A run with nothing new stops here (skipped), before it writes anything.
+    fingerprints = check_something_new(plan, reference, run)
     write_statistics(statistics, locations.run_dir(run.dag_id, run.run_id))
     mlflow_run_id = mlflow_runs.start_or_resume_run(
         spec,
@@ -122,6 +135,7 @@ def prepare(pipeline: str, params: dict[str, Any], run: AirflowRun) -> PreparedD
         reference.to_dict(),
         triggered_by=run.triggered_by,
     )
+    mlflow_runs.set_tags(mlflow_run_id, fingerprints.tags())
     return PreparedDataset(dataset=reference, mlflow_run_id=mlflow_run_id, plan=plan)
 
 
@@ -134,3 +148,23 @@ def write_statistics(statistics: DatasetStatistics, run_dir: Path) -> Path:
     path = run_dir / STATISTICS_FILE
     path.write_text(json.dumps(statistics.to_dict()))
     return path
+
+
+def check_something_new(plan: RunPlan, reference: DatasetRef, run: AirflowRun) -> Fingerprints:
+    """The run's fingerprints, after checking that an unattended run has something to train.
+
+    Raises:
+        NothingNew: the run is scheduled or asset-triggered, not forced, and its fingerprints
+            equal the champion's.
+    """
+    from stratoflow.tracking import fingerprints
+
+    current = fingerprints.of_run(plan.spec, reference.to_dict())
+    unchanged = fingerprints.unchanged_since_champion(plan.spec.registered_model, current)
+    if unchanged is None:
+        return current
+    if fingerprints.may_skip(run.run_type, plan.training.force):
+        raise NothingNew(f"{unchanged}; trigger it manually or set force to train anyway")
+    why = "forced" if plan.training.force else f"a {run.run_type or 'manual'} run"
+    logger.info("%s; training anyway: %s", unchanged, why)
+    return current

@@ -138,12 +138,15 @@ class AirflowRun:
         triggered_by: the Airflow user who triggered the DAG run; for a run no user triggered,
             its run type in parentheses (`(scheduled)`, `(asset_triggered)`); empty outside
             Airflow.
+        run_type: Airflow's run type (`manual`, `scheduled`, `asset_triggered`, ...); empty
+            outside Airflow.
     """
 
     dag_id: str
     run_id: str
     try_number: int = 1
     triggered_by: str = ""
+    run_type: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,7 +159,14 @@ class AirflowRun:
             run_id=context["run_id"],
             try_number=context["ti"].try_number,
             triggered_by=triggered_by(context.get("dag_run")),
+            run_type=run_type_of(context.get("dag_run")),
         )
+
+
+def run_type_of(dag_run: Any) -> str:
+    """A DAG run's type as its plain value (`scheduled`, `manual`, ...), or "" without one."""
+    run_type = getattr(dag_run, "run_type", None)
+    return str(getattr(run_type, "value", run_type) or "")
 
 
 def triggered_by(dag_run: Any) -> str:

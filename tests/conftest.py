@@ -69,6 +69,7 @@ SLOWEST_UNITS_FIRST = (
     "tests/integration/test_own_pipelines.py",
     "tests/integration/test_data_gate_dag.py",
     "tests/integration/test_stopping_a_run.py",
+    "tests/integration/test_unattended_runs.py",  # about 3 minutes
     "tests/unit/stratoflow/training/test_strategies_equivalence.py",
     "tests/integration/test_benchmark_dag.py",
     "tests/integration/test_standing_cluster.py",

@@ -222,6 +222,15 @@ class TrainingConfig:
         "missing values, values out of range) against the champion's data: for a known change. "
         "The MLflow run records it.",
     )
+    # Read by the first task of a scheduled or asset-triggered run only: a manual run always
+    # trains (`stratoflow.tracking.fingerprints`).
+    force: bool = _setting(
+        False,
+        title="Train even if nothing changed",
+        help="A scheduled or asset-triggered run skips training when its dataset, pipeline code "
+        "and training configuration equal the champion's; true makes it train anyway. Manual "
+        "runs always train.",
+    )
 
 
 def settings_of(config: type = TrainingConfig) -> dict[str, tuple[type, Setting]]:

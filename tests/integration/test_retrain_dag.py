@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
-import logging
 import os
 import re
 import sqlite3
@@ -25,11 +24,11 @@ from stratoflow.config import locations, names
 from tests.conftest import fresh_mlflow_client
 from tests.support.dag_runs import dags_test
 from tests.support.file_modes import exposed_paths
+from tests.support.smtp_sink import deployment_mail_sink
 
 MLFLOW_NAMES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "mlflow-names.md"
 
 pytestmark = pytest.mark.integration
-log = logging.getLogger(__name__)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +127,8 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
 
     assert default_mnist_run[0] == 0
     conf = {"strategy": "mirrored", "replicas": 2, "epochs": 1, "learning_rate": 1e-5}
-    assert runner.run_pipeline("mnist", conf) == 0
+    with deployment_mail_sink("ml-platform@example.org") as sink:
+        assert runner.run_pipeline("mnist", conf) == 0
     latest = runs_of(mlflow_client, "mnist")[-1]
     assert latest.data.tags["strategy"] == "mirrored"
     assert latest.data.tags["num_replicas"] == "2"
@@ -138,6 +138,12 @@ def test_a_worse_run_gets_challenger_but_leaves_champion(default_mnist_run, mlfl
         "champion": "1",
         "challenger": "2",
     }
+    # Someone hears about it: one mail naming the DAG, the run and the gate's reason.
+    (mail,) = [sink.text_of(message) for message in sink.mails]
+    run_id = latest.data.tags["airflow.run_id"]
+    assert f"retrain_mnist: run {run_id} evaluation gate failed" in mail
+    assert "stratoflow-mnist version 2 stays challenger" in mail
+    assert "test_accuracy" in mail
 
 
 def test_compare_lists_both_runs_and_marks_the_champion(default_mnist_run, mlflow_client, capsys):
@@ -172,7 +178,9 @@ def test_a_run_that_fails_for_good_leaves_nothing_behind(mlflow_client):
 def test_a_passing_run_with_promote_false_gets_challenger_but_not_champion(mlflow_client, capsys):
     from stratoflow.tracking import model_registry
 
-    assert runner.run_pipeline("digits", {"promote": False}) == 0
+    with deployment_mail_sink("ml-platform@example.org") as sink:
+        assert runner.run_pipeline("digits", {"promote": False}) == 0
+    assert sink.mails == []  # passed and kept from champion as asked: no news
     (run,) = [r for r in runs_of(mlflow_client, "digits") if r.data.tags["strategy"] != "tpu"]
     assert run.data.params["training.promote"] == "False"
     assert run.data.tags["gate.passed"] == "True"
@@ -288,7 +296,7 @@ def test_the_run_carries_every_mlflow_name_the_docs_list(
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
     tags = [name for name in backticked(names_bullet(section, "tags")) if ":" not in name]
-    assert len(tags) == 21, tags
+    assert len(tags) == 24, tags
     member_tags = [tag for tag in tags if tag.endswith(".<member>")]
     assert member_tags == ["node.<member>"]
     assert run.data.tags.get("node.all_members")  # the local launcher: every member here

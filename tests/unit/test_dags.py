@@ -289,7 +289,8 @@ def test_every_task_retries_and_cleans_up_after_a_final_failure(
         assert task["owner"] == spec.owner, task_id
         assert task["retries"] == spec.retries, task_id
         assert task["retry_delay_s"] == spec.retry_delay_seconds, task_id
-        assert task["failure_callbacks"] == 1, task_id
+        # The clean-up first, then the mail (`dags/notifications.py`).
+        assert task["failure_callbacks"] == 2, task_id
 
 
 @pytest.mark.parametrize("pipeline", ["mnist", "digits"])
@@ -316,6 +317,7 @@ def test_params_offer_every_training_setting_with_choices(
         "cache_budget_mb",
         "promote",
         "accept_drift",
+        "force",
     ]
     for key, param in params.items():
         default = getattr(spec.training, key)
@@ -342,6 +344,7 @@ def test_params_offer_every_training_setting_with_choices(
     assert params["epochs"]["schema"]["minimum"] == 1
     assert params["cache_budget_mb"]["schema"]["minimum"] == 0
     assert params["promote"]["schema"]["type"] == "boolean"
+    assert params["force"]["schema"]["type"] == "boolean" and params["force"]["value"] is False
     # What the DAG carries is exactly what `stratoflow.config.params` declares.
     expected = dag_params(spec)
     for key, param in params.items():

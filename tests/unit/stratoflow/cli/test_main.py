@@ -577,3 +577,16 @@ def test_accept_drift_is_a_flag_that_turns_it_on_for_one_run(
 
     assert confs[0] == {"accept_drift": True, "promote": False}
     assert "accept_drift" not in confs[1]
+
+
+def test_a_setting_off_by_default_gets_a_plain_flag_one_on_by_default_a_no_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given: list[dict[str, Any]] = []
+    monkeypatch.setattr(runner, "run_pipeline", lambda _, conf: given.append(conf) or 0)
+
+    assert main.main(["run", "digits", "--force", "--no-promote"]) == 0
+    assert main.main(["run", "digits"]) == 0
+
+    assert given[0]["force"] is True and given[0]["promote"] is False
+    assert "force" not in given[1] and "promote" not in given[1]
