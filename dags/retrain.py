@@ -57,11 +57,20 @@ def _doc_md(spec: PipelineSpec) -> str:
 
 
 def _gate_text(spec: PipelineSpec) -> str:
-    gate = spec.evaluation
-    better, worse = (">=", "below") if gate.higher_is_better else ("<=", "above")
-    return (
-        f"{gate.metric} {better} {gate.bound}, at most {gate.max_regression} {worse} the champion"
-    )
+    gate, parts = spec.evaluation, []
+    for bound in gate.metrics:
+        better, worse = (">=", "below") if bound.higher_is_better else ("<=", "above")
+        limit = f" {better} {bound.bound}," if bound.bound is not None else ""
+        parts.append(f"{bound.metric}{limit} at most {bound.max_regression} {worse} the champion")
+    slices = gate.slices
+    if slices is not None and (slices.per_class or slices.features):
+        kinds = ["each class"] * bool(slices.per_class)
+        kinds += sorted({item.feature for item in slices.features})
+        parts.append(
+            f"{slices.metric} of each slice ({', '.join(kinds)}) at most {slices.max_regression} "
+            "worse than the champion's"
+        )
+    return "; ".join(parts)
 
 
 def build_dag(spec: PipelineSpec) -> DAG:
