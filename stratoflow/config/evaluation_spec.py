@@ -12,7 +12,7 @@ evaluation:
     - {metric: test_loss, max: 0.5, max_regression: 0.1}
   slices:
     max_regression: 0.15      # for every slice without its own
-    min_examples: 5           # smaller slices are reported, not gated
+    min_examples: 20          # smaller slices are reported, not gated (the default)
     per_class: true           # classification's default
     features:
       - {feature: island}                      # one slice per value
@@ -120,14 +120,15 @@ class SliceGate:
         max_regression: how much worse than the champion's value for the same slice a slice
             may be.
         min_examples: a slice with fewer test examples is reported but not gated (one example
-            more or less would move it too far).
+            more or less would move it too far); the default 20 keeps a slice's one example
+            within 0.05, half the default `max_regression`.
         per_class: one slice per class (classification only; default true for classification).
         features: slices by a feature's value or range (tabular datasets).
     """
 
     metric: str | None = None
     max_regression: float = 0.1
-    min_examples: int = 5
+    min_examples: int = 20
     per_class: bool | None = None
     features: list[FeatureSlice] = field(default_factory=list)
 

@@ -54,7 +54,7 @@ PREDICTION_RELATIVE_TOLERANCE = 1e-4
 CHECK_TIMEOUT_SECONDS = 300
 # What is quoted of a failed fresh process: the exception it ended with, else its last lines.
 QUOTED_LINES = 8
-QUOTED_CHARS = 1000
+QUOTED_CHARS = 2000
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:")
 _REQUEST, _ANSWER = "request.json", "answer.json"
 
@@ -240,11 +240,12 @@ def compare_answers(answer: Any, outputs: Any, target: Target) -> tuple[bool, st
 
 
 def _error_of(done: subprocess.CompletedProcess[str]) -> str:
-    """The exception a failed process ended with (its last line naming one), else its last
+    """The exception a failed process ended with (from the last line naming one), else its last
     lines; at most `QUOTED_CHARS` characters."""
     lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
-    errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    text = errors[-1] if errors else " | ".join(lines[-QUOTED_LINES:])
+    raised = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    # The exception's message may span lines: from its first line to the end.
+    text = " | ".join(lines[raised[-1] :] if raised else lines[-QUOTED_LINES:])
     text = text or f"exit code {done.returncode}"
     return text if len(text) <= QUOTED_CHARS else text[: QUOTED_CHARS - 1] + "…"
 

@@ -51,7 +51,7 @@ def test_several_metrics_and_slices_are_read_and_the_first_metric_is_the_primary
     assert gate.slices == SliceGate(
         metric="accuracy",
         max_regression=0.15,
-        min_examples=5,
+        min_examples=20,
         per_class=True,  # classification's default
         features=[FeatureSlice("island"), FeatureSlice("body_mass_g", min=4000.0)],
     )
