@@ -8,6 +8,7 @@ from typing import Any
 
 from stratoflow.config import locations, names
 from stratoflow.tracking.model_registry import RegistrationResult
+from stratoflow.tracking.serving_check import ServingCheck
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
 from tasks.run_context import AirflowRun, XComResult, freezes_heap
@@ -84,7 +85,7 @@ def check_serving(
     features: Any,
     registered_model: str,
     version: str,
-) -> Any:
+) -> ServingCheck:
     """Serve the registered version in a fresh process and compare its answers with the
     evaluated model's on the first test examples (`stratoflow.tracking.serving_check`).
 
@@ -93,7 +94,7 @@ def check_serving(
     its duration the run's metric `serving_check_seconds`.
 
     Returns:
-        The `stratoflow.tracking.serving_check.ServingCheck`.
+        The check's verdict.
     """
     import os
     import signal
