@@ -70,6 +70,10 @@ def log_and_register(
         if check.passed:
             result.aliases = model_registry.promote(result.registered_model, result.version)
             result.promoted = True
+        else:  # an earlier try of this run may have promoted it
+            result.aliases = model_registry.withdraw_champion(
+                result.registered_model, result.version
+            )
     mlflow_runs.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
     locations.remove_run_dir(run.dag_id, run.run_id, "checkpoints")

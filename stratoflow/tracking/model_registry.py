@@ -231,6 +231,24 @@ def promote(model_name: str, version: str) -> list[str]:
     return sorted(mlflow_client.get_model_version(model_name, version).aliases)
 
 
+def withdraw_champion(model_name: str, version: str) -> list[str]:
+    """Give `champion` back to the version it named before `version` took it, if `version`
+    holds it (an earlier try of the same run promoted it); remove it if it named none.
+
+    Returns:
+        The version's aliases afterwards.
+    """
+    mlflow_client = mlflow_runs.client()
+    if alias_targets(mlflow_client, model_name).get(names.CHAMPION) == version:
+        tags = mlflow_client.get_model_version(model_name, version).tags
+        previous = tags.get(names.PREVIOUS_ALIAS_TAG + names.CHAMPION)
+        if previous:
+            _give_back(mlflow_client, model_name, names.CHAMPION, previous)
+        else:
+            mlflow_client.delete_registered_model_alias(model_name, names.CHAMPION)
+    return sorted(mlflow_client.get_model_version(model_name, version).aliases)
+
+
 def _move_aliases(
     mlflow_client: Any,
     model_name: str,
