@@ -2,8 +2,9 @@
 
 `prepare_dataset` builds or loads the versioned TFDS dataset, `train_model` trains under the
 `tf.distribute` strategy the run chose, `evaluate_model` scores the test split and decides the
-gate against the current champion, and `log_and_register` registers a model version in MLflow
-(promoting it to `champion` only when the gate passed).
+gate (its metrics and slices) against the current champion, and `log_and_register` registers a
+model version in MLflow (promoting it to `champion` only when the gate passed and the version,
+served in a fresh process, answers as the evaluated model did).
 
 It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
 `refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
