@@ -5,8 +5,9 @@ statistics, `validate_data` checks the data against the champion's before any tr
 check fails the run without a retry; `accept_drift` accepts a known change), `train_model` trains
 under the
 `tf.distribute` strategy the run chose, `evaluate_model` scores the test split and decides the
-gate against the current champion, and `log_and_register` registers a model version in MLflow
-(promoting it to `champion` only when the gate passed).
+gate (its metrics and slices) against the current champion, and `log_and_register` registers a
+model version in MLflow (promoting it to `champion` only when the gate passed and the version,
+served in a fresh process, answers as the evaluated model did).
 
 A scheduled or asset-triggered run whose dataset, pipeline code and training configuration equal
 the champion's skips every task, the reason in `prepare_dataset`'s log and XCom
@@ -67,11 +68,20 @@ def _doc_md(spec: PipelineSpec) -> str:
 
 
 def _gate_text(spec: PipelineSpec) -> str:
-    gate = spec.evaluation
-    better, worse = (">=", "below") if gate.higher_is_better else ("<=", "above")
-    return (
-        f"{gate.metric} {better} {gate.bound}, at most {gate.max_regression} {worse} the champion"
-    )
+    gate, parts = spec.evaluation, []
+    for bound in gate.metrics:
+        better, worse = (">=", "below") if bound.higher_is_better else ("<=", "above")
+        limit = f" {better} {bound.bound}," if bound.bound is not None else ""
+        parts.append(f"{bound.metric}{limit} at most {bound.max_regression} {worse} the champion")
+    slices = gate.slices
+    if slices is not None and (slices.per_class or slices.features):
+        kinds = ["each class"] * bool(slices.per_class)
+        kinds += sorted({item.feature for item in slices.features})
+        parts.append(
+            f"{slices.metric} of each slice ({', '.join(kinds)}) at most {slices.max_regression} "
+            "worse than the champion's"
+        )
+    return "; ".join(parts)
 
 
 def build_dag(spec: PipelineSpec) -> DAG:

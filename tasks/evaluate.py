@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratoflow.config import names
+from stratoflow.config.evaluation_spec import EvaluationGate
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.training.evaluation import GateDecision
 from tasks.prepare import PreparedDataset
@@ -27,7 +28,7 @@ class Evaluation(XComResult):
         mlflow_run_id: the DAG run's MLflow run.
         test_metrics: the test split's metrics (`test_loss`, and `test_accuracy` or `test_mae`
             and `test_rmse`; per-class ones stay in MLflow).
-        gate: the gate's decision.
+        gate: the gate's decision: its report, one check per gated metric and slice.
     """
 
     mlflow_run_id: str
@@ -39,7 +40,8 @@ class Evaluation(XComResult):
 
 @freezes_heap
 def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) -> Evaluation:
-    """Score the model on the test split and decide the gate against the current champion.
+    """Score the model on the test split and its slices, and decide the gate against the current
+    champion (its run's test and slice metrics).
 
     Args:
         run: the DAG run.
@@ -63,13 +65,11 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         for k, v in result.metrics().items()
         if not k.startswith(("test_precision_class_", "test_recall_class_"))
     }
-    gate = spec.evaluation
-    decision = evaluation.decide_gate(
-        metrics, gate, mlflow_runs.champion(spec.registered_model, gate.metric)
-    )
-    mlflow_runs.set_tags(
-        mlflow_run_id, {"gate.passed": decision.passed, "gate.reasons": "; ".join(decision.reasons)}
-    )
+    scores = score_slices(prepared.dataset, spec.evaluation, result, mlflow_run_id)
+    found = mlflow_runs.champion_metrics(spec.registered_model)
+    champion = evaluation.Champion(*found) if found else None
+    decision = evaluation.decide_gate(metrics, spec.evaluation, champion, scores)
+    report_gate(mlflow_run_id, decision)
     logger.info(
         "%s; gate %s: %s",
         ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()),
@@ -77,6 +77,75 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         "; ".join(decision.reasons),
     )
     return Evaluation(mlflow_run_id=mlflow_run_id, test_metrics=metrics, gate=decision)
+
+
+def score_slices(
+    dataset: DatasetRef, gate: EvaluationGate, result: Any, mlflow_run_id: str
+) -> list[Any]:
+    """Score the gate's slices of the test split and log them (`test_slice/<slice>/<metric>`).
+
+    Returns:
+        The `stratoflow.training.evaluation.SliceScore` of every slice, in the gate's order.
+    """
+    import dataclasses
+
+    from stratoflow.data import datasets
+    from stratoflow.training import slices
+
+    if gate.slices is None:
+        return []
+    # Feature slices read the dataset's own values, before the pipeline's preprocessing.
+    raw_features, targets = datasets.load_arrays(
+        dataclasses.replace(dataset, preprocess=None), "test"
+    )
+    test_slices = slices.build_slices(
+        gate.slices, raw_features, targets, dataset.features, dataset.target
+    )
+    scores = slices.score_slices(result.outputs, targets, dataset.target.task, test_slices)
+    if scores:
+        from stratoflow.tracking import mlflow_runs
+
+        mlflow_runs.log_metrics(mlflow_run_id, slices.mlflow_metrics(scores))
+    return scores
+
+
+def report_gate(mlflow_run_id: str, decision: GateDecision) -> None:
+    """The gate's verdict on the run: tags, the whole report (JSON) and one row per check (a
+    table in the MLflow UI)."""
+    from stratoflow.tracking import mlflow_runs
+
+    failed = [check.name for check in decision.failed_checks]
+    mlflow_runs.set_tags(
+        mlflow_run_id,
+        {
+            names.GATE_PASSED_TAG: decision.passed,
+            names.GATE_REASONS_TAG: _shortened("; ".join(decision.reasons)),
+            names.GATE_FAILED_TAG: _shortened("; ".join(failed)),
+        },
+    )
+    mlflow_runs.client().log_dict(mlflow_run_id, decision.to_dict(), names.GATE_REPORT_ARTIFACT)
+    rows = decision.checks
+    mlflow_runs.log_table(
+        mlflow_run_id,
+        {
+            "check": [f"{row.kind} {row.name}" for row in rows],
+            "description": [row.description for row in rows],
+            "metric": [row.metric for row in rows],
+            "value": [row.value for row in rows],
+            "bound": [row.bound for row in rows],
+            "champion": [row.champion_value for row in rows],
+            "max_regression": [row.max_regression for row in rows],
+            "examples": [row.examples for row in rows],
+            "passed": [row.passed for row in rows],
+            "reason": [row.reason for row in rows],
+        },
+        names.GATE_TABLE_ARTIFACT,
+    )
+
+
+def _shortened(text: str, limit: int = 4000) -> str:
+    """MLflow keeps tag values up to 8,000 characters (5,000 on some stores)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, title: str) -> Any:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from stratoflow.config import locations, names
 from stratoflow.tracking.model_registry import RegistrationResult
+from stratoflow.tracking.serving_check import ServingCheck
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
 from tasks.run_context import AirflowRun, XComResult, freezes_heap
@@ -32,10 +34,13 @@ class Registration(RegistrationResult, XComResult):
 def log_and_register(
     run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel, evaluation: Evaluation
 ) -> Registration:
-    """Log the model to MLflow, register a version (alias challenger), promote if the gate passed.
+    """Log the model to MLflow, register a version (alias challenger), promote if the gate passed
+    and the version serves.
 
-    `champion` moves only when the gate passed and the run's `promote` setting is true. The run
-    succeeded: its MLflow run is finished and its checkpoints removed.
+    `champion` moves only when the gate passed, the run's `promote` setting is true and the
+    registered version, loaded in a fresh process the way it will be served, answers the test
+    examples as the evaluated model did (`check_serving`); otherwise the version keeps only
+    `challenger`. The run succeeded: its MLflow run is finished and its checkpoints removed.
     """
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
@@ -46,12 +51,13 @@ def log_and_register(
     model_uri = model_registry.log_model(
         mlflow_run_id, trained.model_path, features, prepared.dataset.target
     )
-    promote = bool(spec.training.promote and evaluation.gate.passed)
+    # Registered as challenger first; champion moves only once the version served in a fresh
+    # process answered as the evaluated model did.
     result = model_registry.register(
         spec.registered_model,
         mlflow_run_id,
         model_uri,
-        promote=promote,
+        promote=False,
         tags={
             names.DAG_ID_TAG: run.dag_id,
             names.RUN_ID_TAG: run.run_id,
@@ -59,6 +65,15 @@ def log_and_register(
             spec.evaluation.metric: f"{evaluation.test_metrics[spec.evaluation.metric]:.4f}",
         },
     )
+    if spec.training.promote and evaluation.gate.passed:
+        check = check_serving(prepared, trained, features, result.registered_model, result.version)
+        if check.passed:
+            result.aliases = model_registry.promote(result.registered_model, result.version)
+            result.promoted = True
+        else:  # an earlier try of this run may have promoted it
+            result.aliases = model_registry.withdraw_champion(
+                result.registered_model, result.version
+            )
     mlflow_runs.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
     locations.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
@@ -66,3 +81,69 @@ def log_and_register(
         "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
     )
     return Registration(**result.to_dict(), mlflow_run_id=mlflow_run_id)
+
+
+def check_serving(
+    prepared: PreparedDataset,
+    trained: TrainedModel,
+    features: Any,
+    registered_model: str,
+    version: str,
+) -> ServingCheck:
+    """Serve the registered version in a fresh process and compare its answers with the
+    evaluated model's on the first test examples (`stratoflow.tracking.serving_check`).
+
+    `features` is the test split's (`datasets.load_arrays`). The verdict is a tag on the
+    version and on the run (`stratoflow.serving_check`: `passed: ...` or `failed: <why>`), and
+    its duration the run's metric `serving_check_seconds`.
+
+    Returns:
+        The check's verdict.
+    """
+    import os
+    import signal
+
+    from stratoflow.distributed import member_environment, processes
+    from stratoflow.tracking import mlflow_runs, serving_check
+    from stratoflow.training import evaluation
+
+    count = serving_check.SERVED_EXAMPLES
+    examples = (
+        {name: values[:count] for name, values in features.items()}
+        if isinstance(features, dict)
+        else features[:count]
+    )
+    outputs = evaluation.predict_outputs(trained.model_path, examples)
+    # The fresh process runs the model's code: the pipeline environment (no Airflow or Ray
+    # secret), and no MLflow account either (it loads a local copy of the version).
+    environment = {
+        name: value
+        for name, value in member_environment.pipeline_environment(os.environ).items()
+        if not name.startswith("MLFLOW_TRACKING_")
+    }
+    check = serving_check.check_served_answers(
+        f"models:/{registered_model}/{version}",
+        examples,
+        outputs,
+        prepared.dataset.target,
+        environment,
+        preexec_fn=processes.die_with_parent(signal.SIGKILL),
+    )
+    mlflow_client = mlflow_runs.client()
+    mlflow_client.set_model_version_tag(
+        registered_model, version, names.SERVING_CHECK_TAG, check.tag
+    )
+    mlflow_runs.set_tags(trained.mlflow_run_id, {names.SERVING_CHECK_TAG: check.tag})
+    mlflow_runs.log_metrics(
+        trained.mlflow_run_id, {names.SERVING_CHECK_SECONDS_METRIC: check.seconds}
+    )
+    log = logger.info if check.passed else logger.warning
+    log(
+        "serving check of %s version %s %s in %.1f s: %s",
+        registered_model,
+        version,
+        "passed" if check.passed else "failed (champion stays where it was)",
+        check.seconds,
+        check.reason,
+    )
+    return check

@@ -56,6 +56,14 @@ BENCHMARK_STRATEGIES_TAG = "stratoflow.benchmark_strategies"
 RECOMMENDED_TAG = "stratoflow.recommended_strategy"
 REASON_TAG = "stratoflow.recommendation_reason"
 ERROR_TAG = "stratoflow.error"
+# The evaluation gate's verdict on the run, and which checks failed (their names, `; `-joined).
+GATE_PASSED_TAG = "gate.passed"
+GATE_REASONS_TAG = "gate.reasons"
+GATE_FAILED_TAG = "gate.failed_checks"
+# The serving check (on the run and on its model version): `passed`, or `failed: <why>`; and its
+# duration (a run metric).
+SERVING_CHECK_TAG = "stratoflow.serving_check"
+SERVING_CHECK_SECONDS_METRIC = "serving_check_seconds"
 
 # Each cluster member's node (member name -> "ip (hostname)"), as JSON in every member's
 # environment; written into environment.json.
@@ -88,6 +96,9 @@ DATA_GATE_ACCEPTED_TAG = "data_gate.accepted_drift"
 DATA_GATE_ANOMALIES_TAG = "data_gate.anomalies"
 DATA_GATE_CHAMPION_TAG = "data_gate.champion_version"
 STATISTICS_SECONDS_METRIC = "statistics_seconds"
+# The gate's report: whole (JSON), one row per check (an MLflow table), and the slices' scores.
+GATE_REPORT_ARTIFACT = "evaluation/gate.json"
+GATE_TABLE_ARTIFACT = "evaluation/gate_checks.json"
 # MLflow artifacts of a strategy benchmark's parent run.
 BENCHMARK_PLAN_ARTIFACT = "benchmark/plan.json"
 BENCHMARK_COMPARISON_ARTIFACT = "benchmark/comparison.json"
@@ -95,6 +106,12 @@ BENCHMARK_MARKDOWN_ARTIFACT = "benchmark/comparison.md"
 BENCHMARK_TABLE_ARTIFACT = "benchmark/comparison_table.json"
 
 # The Params of a strategy benchmark DAG (a retrain DAG's are the `TrainingConfig` fields).
+
+
+def slice_metric(slice_name: str, metric: str) -> str:
+    """The MLflow metric holding `metric` of test slice `slice_name`: `test_slice/class_3/accuracy`
+    (`examples` for its size)."""
+    return f"test_slice/{slice_name}/{metric}"
 
 
 def retrain_dag_id(pipeline: str) -> str:

@@ -48,12 +48,17 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in options:
             return None
         (hint,) = [option for option in options if option is not type(None)]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            return build(hint, value, where)
         origin = typing.get_origin(hint)
     if origin is dict:
         return dict(require_mapping(value, where))
     if origin is list:
         if not isinstance(value, list):
             raise SpecError(f"{where}: expected a list, got {type(value).__name__}")
+        (item_hint,) = typing.get_args(hint) or (Any,)
+        if isinstance(item_hint, type) and dataclasses.is_dataclass(item_hint):
+            return [build(item_hint, item, f"{where}[{i}]") for i, item in enumerate(value)]
         return list(value)
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)

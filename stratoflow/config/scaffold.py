@@ -33,10 +33,14 @@ training:
   epochs: 10
   batch_size: 32
   learning_rate: 0.003
-evaluation:
-  metric: test_accuracy
-  min: 0.85
-  max_regression: 0.02
+evaluation:                     # what a new model must pass to become champion
+  metrics:                      # each against its bound and the champion's value
+    - {{metric: test_accuracy, min: 0.85, max_regression: 0.02}}
+    - {{metric: test_loss, max: 0.6, max_regression: 0.1}}
+  slices:                       # each class's accuracy against the champion's same class
+    per_class: true
+    max_regression: 0.12
+    min_examples: 10            # smaller slices are reported, not gated
 validation:                     # the data gate before training, against the champion's data
   distance: psi                 # or js; drift bound: max_drift, or drift: {{feature: bound}}
   max_missing: 0.05             # share of missing values allowed per feature

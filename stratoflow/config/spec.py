@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from stratoflow.config import discovery
+from stratoflow.config.evaluation_spec import EvaluationGate, checked_gate
 from stratoflow.config.parsing import SpecError, build, require_mapping
 from stratoflow.config.training import TrainingConfig, check_training
 from stratoflow.config.validation import ValidationSpec, check_validation
@@ -28,11 +29,6 @@ from stratoflow.config.validation import ValidationSpec, check_validation
 SPECS_DIR = discovery.BUNDLED_DIR
 
 PROBLEM_TYPES = ("classification", "regression")
-# The test metrics each task produces; a gate must name one of its task's.
-TEST_METRICS = {
-    "classification": ("test_accuracy", "test_loss"),
-    "regression": ("test_mae", "test_rmse", "test_loss"),
-}
 # Keras 3 optimizers by their `keras.optimizers.get` name.
 OPTIMIZERS = (
     "adadelta",
@@ -103,42 +99,6 @@ class ModelSpec:
 
     builder: str
     hyperparameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EvaluationGate:
-    """When a new model may become champion: a test metric, its bound and the champion's margin.
-
-    `min` makes a higher value better (accuracy), `max` a lower one (an error such as
-    `test_mae`); give exactly one. The older spelling `min_accuracy: 0.95` means
-    `metric: test_accuracy, min: 0.95`.
-
-    Attributes:
-        metric: the test metric the gate reads; one the pipeline's task produces
-            (`TEST_METRICS`).
-        min: the value the metric must reach (higher is better).
-        max: the value the metric must not exceed (lower is better).
-        max_regression: how much worse than the current champion's value it may be.
-        min_accuracy: the older spelling of `metric: test_accuracy, min: ...`.
-    """
-
-    metric: str = "test_accuracy"
-    min: float | None = None
-    max: float | None = None
-    max_regression: float = 0.0
-    min_accuracy: float | None = None
-
-    @property
-    def higher_is_better(self) -> bool:
-        """True when the gate has a lower bound (`min`), False with an upper bound (`max`)."""
-        return self.max is None
-
-    @property
-    def bound(self) -> float:
-        """The gate's `min` or `max`."""
-        value = self.max if self.max is not None else self.min
-        assert value is not None, "a loaded gate has min or max"
-        return value
 
 
 @dataclass(frozen=True)
@@ -282,7 +242,7 @@ def _check_values(spec: PipelineSpec, source: str, check_settings: bool = True) 
         )
     _check_optimizer(spec.optimizer, source)
     check_validation(spec.validation, source)
-    return dataclasses.replace(spec, evaluation=_checked_gate(spec.evaluation, spec.task, source))
+    return dataclasses.replace(spec, evaluation=checked_gate(spec.evaluation, spec.task, source))
 
 
 def check_import_path(path: str, where: str) -> None:
@@ -307,33 +267,3 @@ def _check_optimizer(optimizer: dict[str, Any], source: str) -> None:
             f"{source}: optimizer.learning_rate: set training.learning_rate instead (a Param of "
             "every run)"
         )
-
-
-def _checked_gate(gate: EvaluationGate, problem_type: str, source: str) -> EvaluationGate:
-    where = f"{source}: evaluation"
-    bound_key = "min" if gate.max is None else "max"
-    if gate.min_accuracy is not None:
-        bound_key = "min_accuracy"
-    if gate.min_accuracy is not None:
-        if gate.min is not None or gate.max is not None or gate.metric != "test_accuracy":
-            raise SpecError(
-                f"{where}.min_accuracy is the older spelling of metric: test_accuracy, min: ...; "
-                "do not combine it with metric, min or max"
-            )
-        gate = dataclasses.replace(gate, min=gate.min_accuracy, min_accuracy=None)
-    allowed = TEST_METRICS[problem_type]
-    if gate.metric not in allowed:
-        raise SpecError(
-            f"{where}.metric {gate.metric!r} is not a metric of task {problem_type!r}; allowed: "
-            f"{', '.join(allowed)}"
-        )
-    if (gate.min is None) == (gate.max is None):
-        raise SpecError(
-            f"{where}: give exactly one of min (higher {gate.metric} is better) or max (lower is "
-            "better)"
-        )
-    if gate.metric == "test_accuracy" and not 0.0 <= gate.bound <= 1.0:
-        raise SpecError(f"{where}.{bound_key} must be within [0, 1]")
-    if gate.max_regression < 0:
-        raise SpecError(f"{where}.max_regression must be >= 0")
-    return gate

@@ -371,14 +371,22 @@ class EpochLogger:
 
 def champion(model_name: str, metric: str = "test_accuracy") -> tuple[str, float] | None:
     """The current champion's (version, value of test `metric`), or None without a champion."""
+    found = champion_metrics(model_name)
+    if found is None or metric not in found[1]:
+        return None
+    return found[0], found[1][metric]
+
+
+def champion_metrics(model_name: str) -> tuple[str, dict[str, float]] | None:
+    """The current champion's version and every metric of the run that made it (test metrics,
+    slice metrics), or None without a champion."""
     mlflow_client = client()
     try:
         version = mlflow_client.get_model_version_by_alias(model_name, names.CHAMPION)
     except Exception:  # no such model or no such alias
         return None
     run = mlflow_client.get_run(version.run_id)
-    value = run.data.metrics.get(metric)
-    return (str(version.version), float(value)) if value is not None else None
+    return str(version.version), {key: float(value) for key, value in run.data.metrics.items()}
 
 
 def finish_run(run_id: str, status: str = "FINISHED") -> None:

@@ -203,13 +203,7 @@ def register(
         logger.info("registered %s version %s", model_name, version.version)
     moving = [names.CHALLENGER, *([names.CHAMPION] if promote else [])]
     try:
-        for alias in moving:
-            previous = previous_aliases.get(alias, "")
-            if previous != str(version.version):  # a retry finds its own version there already
-                mlflow_client.set_model_version_tag(
-                    model_name, version.version, names.PREVIOUS_ALIAS_TAG + alias, previous
-                )
-            mlflow_client.set_registered_model_alias(model_name, alias, version.version)
+        _move_aliases(mlflow_client, model_name, str(version.version), moving, previous_aliases)
         mlflow_client.set_tag(run_id, names.VERSION_TAG, version.version)
     except Exception:
         if created:
@@ -223,6 +217,52 @@ def register(
         aliases=sorted(aliases),
         promoted=promote,
     )
+
+
+def promote(model_name: str, version: str) -> list[str]:
+    """Move `champion` to `version` (already registered), remembering where it pointed before.
+
+    Returns:
+        The version's aliases afterwards.
+    """
+    mlflow_client = mlflow_runs.client()
+    previous_aliases = alias_targets(mlflow_client, model_name)
+    _move_aliases(mlflow_client, model_name, version, [names.CHAMPION], previous_aliases)
+    return sorted(mlflow_client.get_model_version(model_name, version).aliases)
+
+
+def withdraw_champion(model_name: str, version: str) -> list[str]:
+    """Give `champion` back to the version it named before `version` took it, if `version`
+    holds it (an earlier try of the same run promoted it); remove it if it named none.
+
+    Returns:
+        The version's aliases afterwards.
+    """
+    mlflow_client = mlflow_runs.client()
+    if alias_targets(mlflow_client, model_name).get(names.CHAMPION) == version:
+        tags = mlflow_client.get_model_version(model_name, version).tags
+        previous = tags.get(names.PREVIOUS_ALIAS_TAG + names.CHAMPION)
+        if previous:
+            _give_back(mlflow_client, model_name, names.CHAMPION, previous)
+        else:
+            mlflow_client.delete_registered_model_alias(model_name, names.CHAMPION)
+    return sorted(mlflow_client.get_model_version(model_name, version).aliases)
+
+
+def _move_aliases(
+    mlflow_client: Any,
+    model_name: str,
+    version: str,
+    aliases: list[str],
+    previous_aliases: dict[str, str],
+) -> None:
+    for alias in aliases:
+        previous = previous_aliases.get(alias, "")
+        if previous != version:  # a retry finds its own version there already
+            mlflow_client.set_model_version_tag(
+                model_name, version, names.PREVIOUS_ALIAS_TAG + alias, previous
+            )
+        mlflow_client.set_registered_model_alias(model_name, alias, version)
 
 
 def delete_versions_of_run(model_name: str, run_id: str) -> list[str]:

@@ -36,10 +36,12 @@ def check_pipeline_code(
     import tensorflow as tf
 
     from stratoflow.data.datasets import load_split
-    from stratoflow.training import objectives
+    from stratoflow.training import objectives, slices
     from stratoflow.training.models import build_pipeline_model
 
     source = spec.source
+    # The gate's feature slices name the dataset's columns and values: refused before training.
+    slices.check_feature_slices(spec.evaluation.slices, dataset.features, source)
     try:
         objectives.make_optimizer(spec.optimizer, spec.training.learning_rate)
     except (TypeError, ValueError) as error:

@@ -296,7 +296,7 @@ def test_the_run_carries_every_mlflow_name_the_docs_list(
     assert run.info.run_name == re.sub(r"<([^>]+)>", lambda m: values[m.group(1)], template)
 
     tags = [name for name in backticked(names_bullet(section, "tags")) if ":" not in name]
-    assert len(tags) == 24, tags
+    assert len(tags) == 25, tags
     member_tags = [tag for tag in tags if tag.endswith(".<member>")]
     assert member_tags == ["node.<member>"]
     assert run.data.tags.get("node.all_members")  # the local launcher: every member here
@@ -325,7 +325,7 @@ def test_the_run_carries_every_mlflow_name_the_docs_list(
     for name in per_epoch_names:
         assert metric_steps(mlflow_client, run.info.run_id, name) == list(range(1, 9)), name
     once_names = [name for name in backticked(once) if not name.isupper()]
-    assert len(once_names) == 15, once_names
+    assert len(once_names) == 17, once_names
     # Logged only after a recovery inside the task, and this run had none.
     assert run.data.metrics["restarts"] == 0
     once_names.remove("recovery_seconds")

@@ -12,7 +12,7 @@ import pytest
 from stratoflow.config.features import Features, Target
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
-from stratoflow.training.evaluation import GateDecision
+from stratoflow.training.evaluation import GateCheck, GateDecision
 from tasks.evaluate import Evaluation
 from tasks.prepare import PreparedDataset
 from tasks.refresh import PreparedVersion, RefreshedDataset
@@ -60,9 +60,36 @@ def examples() -> list[Any]:
             test_metrics={"test_loss": 0.2, "test_accuracy": 0.94},
             gate=GateDecision(
                 passed=False,
-                reasons=["test_accuracy 0.9400 < champion 0.9600 - 0.0"],
+                reasons=["slice class_3 (class 3, 18 examples): accuracy 0.5000 is more than ..."],
                 champion_version="3",
                 champion_value=0.96,
+                checks=[
+                    GateCheck(
+                        kind="metric",
+                        name="test_accuracy",
+                        description="test_accuracy",
+                        metric="test_accuracy",
+                        value=0.94,
+                        higher_is_better=True,
+                        passed=True,
+                        bound=0.9,
+                        max_regression=0.02,
+                        champion_value=0.96,
+                    ),
+                    GateCheck(
+                        kind="slice",
+                        name="class_3",
+                        description="class 3",
+                        metric="accuracy",
+                        value=0.5,
+                        higher_is_better=True,
+                        passed=False,
+                        max_regression=0.12,
+                        champion_value=0.94,
+                        examples=18,
+                        reason="slice class_3 (class 3, 18 examples): accuracy 0.5000 is more ...",
+                    ),
+                ],
             ),
         ),
         Registration(
@@ -130,6 +157,22 @@ def test_the_xcom_keys_a_rest_client_reads_are_kept() -> None:
         "reasons",
         "champion_version",
         "champion_value",
+        "checks",
+    }
+    assert set(evaluated["gate"]["checks"][1]) == {
+        "kind",
+        "name",
+        "description",
+        "metric",
+        "value",
+        "higher_is_better",
+        "passed",
+        "bound",
+        "max_regression",
+        "champion_value",
+        "examples",
+        "gated",
+        "reason",
     }
     assert set(registered) == {
         "registered_model",

@@ -158,6 +158,31 @@ def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref
     assert model_registry.alias_targets(mlflow_client, name) == {"champion": "1", "challenger": "1"}
 
 
+def test_champion_moves_after_registration_and_a_withdrawn_one_goes_back(digits_ref, saved_model):
+    """What `log_and_register` does around the serving check: register as challenger, then
+    promote; a check that fails on a retry, after an earlier try promoted the version, gives
+    champion back to the version it named before."""
+    from stratoflow.tracking import mlflow_runs, model_registry
+
+    name = f"test-model-{uuid.uuid4().hex[:8]}"
+    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    versions = []
+    for _ in range(2):
+        run_id = new_run(digits_ref)
+        uri = model_registry.log_model(run_id, saved_model, example, DIGITS)
+        versions.append(model_registry.register(name, run_id, uri, promote=False, tags={}))
+    client = mlflow_runs.client()
+    assert model_registry.alias_targets(client, name) == {"challenger": "2"}
+    assert model_registry.promote(name, "1") == ["champion"]
+    assert model_registry.withdraw_champion(name, "2") == ["challenger"]  # not its: unchanged
+    assert model_registry.alias_targets(client, name) == {"challenger": "2", "champion": "1"}
+    assert model_registry.promote(name, "2") == ["challenger", "champion"]
+    assert model_registry.withdraw_champion(name, "2") == ["challenger"]
+    assert model_registry.alias_targets(client, name) == {"challenger": "2", "champion": "1"}
+    assert model_registry.withdraw_champion(name, "1") == []  # it named none before: removed
+    assert model_registry.alias_targets(client, name) == {"challenger": "2"}
+
+
 def test_champion_reads_the_champion_runs_test_accuracy(digits_ref, saved_model):
     from stratoflow.tracking import mlflow_runs, model_registry
 

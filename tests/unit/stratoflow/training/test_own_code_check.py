@@ -150,6 +150,11 @@ CASES = {
         {"prep.py": "def scale(image, label):\n    return image * 'x', label\n"},
         "dataset.preprocess 'prep:scale' failed on the training examples",
     ),
+    "feature slice on images": (
+        {"bound": "min: 0.5, slices: {features: [{feature: pixels, min: 0}]}"},
+        {},
+        "evaluation.slices.features[0]: feature slices need tabular data; this dataset is images",
+    ),
     "unknown optimizer argument": (
         {},
         {},
