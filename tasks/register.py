@@ -63,6 +63,8 @@ def log_and_register(
             names.RUN_ID_TAG: run.run_id,
             "strategy": spec.training.strategy,
             spec.evaluation.metric: f"{evaluation.test_metrics[spec.evaluation.metric]:.4f}",
+            # The data gate of a later run compares its data with these.
+            names.STATISTICS_VERSION_TAG: f"runs:/{mlflow_run_id}/{names.STATISTICS_ARTIFACT}",
         },
     )
     if spec.training.promote and evaluation.gate.passed:

@@ -88,6 +88,8 @@ TEST_METRICS_ARTIFACT = "evaluation/test_metrics.json"
 # trained on), and the data gate's report.
 STATISTICS_ARTIFACT = "data/statistics.json"
 STATISTICS_HTML_ARTIFACT = "data/statistics.html"
+# A registered version's tag: where the statistics of the data it was trained on are.
+STATISTICS_VERSION_TAG = "stratoflow.statistics"
 DATA_GATE_ARTIFACT = "data/gate.json"
 DATA_GATE_HTML_ARTIFACT = "data/gate.html"
 # MLflow run tags and metric of the data gate.

@@ -79,6 +79,8 @@ def capsys_module():
 def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
     default_mnist_run, mlflow_client
 ):
+    import mlflow
+
     from stratoflow.tracking import model_registry
 
     code, printed = default_mnist_run
@@ -102,6 +104,12 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
         "champion": "1",
         "challenger": "1",
     }
+    # The version names the statistics of the data it was trained on.
+    statistics_uri = mlflow_client.get_model_version("stratoflow-mnist", "1").tags[
+        names.STATISTICS_VERSION_TAG
+    ]
+    statistics = mlflow.artifacts.load_dict(statistics_uri)
+    assert statistics["splits"]["train"]["examples"] == 4000, statistics["splits"]["train"].keys()
     assert "DAG run manual__" in printed and "succeeded" in printed
     assert "version 1 (aliases: challenger, champion)" in printed
     assert "mlflow ui --backend-store-uri" in printed
