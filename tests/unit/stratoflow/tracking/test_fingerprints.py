@@ -56,8 +56,8 @@ def test_the_code_fingerprint_follows_the_pipelines_code_not_its_spec_or_caches(
     (folder / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"cache")
     (folder / "pipeline.yaml").write_text((folder / "pipeline.yaml").read_text() + "\n# note\n")
     assert fingerprints.code_fingerprint(folder) == base
-    preprocess = folder / "preprocess.py"
-    preprocess.write_text(preprocess.read_text() + "\n# a change\n")
+    model = folder / "model.py"
+    model.write_text(model.read_text() + "\n# a change\n")
     assert fingerprints.code_fingerprint(folder) != base
 
 
