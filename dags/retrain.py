@@ -3,7 +3,9 @@
 `prepare_dataset` builds or loads the versioned TFDS dataset, `train_model` trains under the
 `tf.distribute` strategy the run chose, `evaluate_model` scores the test split and decides the
 gate against the current champion, and `log_and_register` registers a model version in MLflow
-(promoting it to `champion` only when the gate passed).
+(promoting it to `champion` only when the gate passed). A pipeline with `promotion: {approval:
+required}` adds `approve_promotion` and `promote_champion`: a person approves the move of
+`champion` in the Airflow UI (`dags/approval.py`).
 
 It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
 `refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
@@ -22,7 +24,7 @@ from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from dags import factory
+from dags import approval, factory
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
@@ -72,7 +74,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
     Returns:
         The DAG `retrain_<name>` with tasks prepare_dataset → train_model → evaluate_model →
-        log_and_register.
+        log_and_register (→ approve_promotion → promote_champion with approval required).
     """
     pipeline = spec.name
     with factory.new_dag(
@@ -142,7 +144,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
         prepared: Any = prepare_dataset()
         trained: Any = train_model(prepared)
         evaluated: Any = evaluate_model(prepared, trained)
-        log_and_register_model(prepared, trained, evaluated)
+        registered: Any = log_and_register_model(prepared, trained, evaluated)
+        if spec.promotion.approval_required:
+            approval.add_approval_steps(spec, registered)
     return dag
 
 

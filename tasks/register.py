@@ -34,7 +34,8 @@ def log_and_register(
 ) -> Registration:
     """Log the model to MLflow, register a version (alias challenger), promote if the gate passed.
 
-    `champion` moves only when the gate passed and the run's `promote` setting is true. The run
+    `champion` moves only when the gate passed and the run's `promote` setting is true, and no
+    person must approve it first (`promotion.approval`; `tasks.approve` then moves it). The run
     succeeded: its MLflow run is finished and its checkpoints removed.
     """
     from stratoflow.data import datasets
@@ -46,7 +47,10 @@ def log_and_register(
     model_uri = model_registry.log_model(
         mlflow_run_id, trained.model_path, features, prepared.dataset.target
     )
-    promote = bool(spec.training.promote and evaluation.gate.passed)
+    # With `promotion.approval: required`, `champion` waits for a person (`tasks.approve`).
+    promote = bool(
+        spec.training.promote and evaluation.gate.passed and not spec.promotion.approval_required
+    )
     result = model_registry.register(
         spec.registered_model,
         mlflow_run_id,

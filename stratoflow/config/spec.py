@@ -21,6 +21,7 @@ import yaml
 
 from stratoflow.config import discovery
 from stratoflow.config.parsing import SpecError, build, require_mapping
+from stratoflow.config.promotion import PromotionSpec, check_promotion
 from stratoflow.config.training import TrainingConfig, check_training
 
 # Kept for callers that locate the bundled pipelines.
@@ -149,6 +150,7 @@ class PipelineSpec:
             matrix) or `regression` (float targets; mean squared error, MAE, residual plot).
         optimizer: a Keras optimizer by name and its arguments, e.g. `{name: adamw,
             weight_decay: 0.004}`; the learning rate is `training.learning_rate` (a Param).
+        promotion: whether a person approves each move of `champion` (`promotion.py`).
         folder: the pipeline's folder (set by `load_spec`, not written in the YAML): its own
             modules are imported from there.
     """
@@ -167,6 +169,7 @@ class PipelineSpec:
     tags: list[str] = field(default_factory=list)
     retries: int = 2
     retry_delay_seconds: int = 60
+    promotion: PromotionSpec = field(default_factory=PromotionSpec)
     folder: str = ""
 
     @property
@@ -278,6 +281,7 @@ def _check_values(spec: PipelineSpec, source: str, check_settings: bool = True) 
             f"{source}: task {spec.task!r} is not allowed; allowed: {', '.join(PROBLEM_TYPES)}"
         )
     _check_optimizer(spec.optimizer, source)
+    check_promotion(spec.promotion, source)
     return dataclasses.replace(spec, evaluation=_checked_gate(spec.evaluation, spec.task, source))
 
 
