@@ -4,10 +4,11 @@ The test pipelines `digits_approval` and `digits_approval_timeout` (`tests/suppo
 on the stack's pipeline path: this package's conftest.py) ask for approval before `champion`
 moves. One run of `digits_approval` is approved and the next one rejected, each by an Op user
 pressing the button under the run's "Required Action"; after each, the MLflow client reads
-where `champion` is. A Viewer cannot answer (the API answers 403). The timeout pipeline's run
-waits 5 s for an answer that never comes: the scheduler answers "Reject" for it, and `champion`
-does not move. The timeout run goes alongside the first approval run (the stack runs two tasks
-at a time; a task awaiting input holds no slot).
+where `champion` is. A Viewer cannot answer: the API answers 403, and so it does when the Viewer
+presses Approve in the UI (which says "Access Denied"). The timeout pipeline's run waits 5 s for
+an answer that never comes: the scheduler answers "Reject" for it, and `champion` does not move.
+The timeout run goes alongside the first approval run (the stack runs two tasks at a time; a
+task awaiting input holds no slot).
 
 One stack serves the package (`live`). A screenshot of each failure of the browser steps lands
 in a temporary folder whose path the failure message gives.
@@ -28,7 +29,6 @@ from stratoflow.config import names
 from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from tasks import approve
-from tests.integration.services.conftest import TEST_PIPELINES
 from tests.integration.services.stack import LiveStack, add_airflow_user
 from tests.integration.services.test_airflow_ui_trigger import Ui, signed_in
 
@@ -43,16 +43,10 @@ VIEWER = "approval-viewer"  # role Viewer
 
 
 @pytest.fixture(scope="module")
-def specs(live: LiveStack, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
-    del live  # the stack's pipeline path holds them (conftest.py); so must this process's
-    monkeypatch_module.setenv("STRATOFLOW_PIPELINES_PATH", str(TEST_PIPELINES))
+def specs(live: LiveStack) -> dict[str, Any]:
+    """The test pipelines' specs (`live` put them on this process's pipeline path too)."""
+    del live
     return {name: load_spec(name) for name in (APPROVAL, TIMEOUT)}
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 @dataclass
@@ -96,10 +90,15 @@ def _wait_for_task(live: LiveStack, dag_id: str, run_id: str, task_id: str, stat
         time.sleep(2)
 
 
+def _request_url(ui: Ui, dag_id: str, run_id: str) -> str:
+    """The UI's page of the run's approval request ("Required Action")."""
+    task = names.APPROVE_TASK
+    return f"{ui.base_url}/dags/{dag_id}/runs/{quote(run_id)}/tasks/{task}/required_actions"
+
+
 def _answer_in_the_ui(ui: Ui, dag_id: str, run_id: str, option: str) -> str:
     """Open the run's request, check what it shows, press `option`; the request's text."""
-    task = names.APPROVE_TASK
-    ui.page.goto(f"{ui.base_url}/dags/{dag_id}/runs/{quote(run_id)}/tasks/{task}/required_actions")
+    ui.page.goto(_request_url(ui, dag_id, run_id))
     button = ui.page.get_by_test_id(f"hitl-option-{option}")
     button.wait_for()
     text = ui.page.locator("main").inner_text()
@@ -138,11 +137,13 @@ class Outcome:
 
 @dataclass
 class ViewerAttempt:
-    """A Viewer's try to approve the first run: what the API answered, and the task after."""
+    """A Viewer's tries to approve the first run: what the API and the UI answered."""
 
-    subject: str
-    answer: str
-    task_state: str
+    subject: str  # of the request, as the Viewer reads it
+    api_answer: str  # to the Viewer's PATCH
+    ui_answer: str  # to the Viewer's press of Approve in the UI
+    ui_message: str  # what the UI said then
+    task_state: str  # of the request afterwards
 
 
 @dataclass
@@ -194,7 +195,7 @@ def approvals(live: LiveStack, people: People, ui: Ui, specs: dict[str, Any]) ->
 def _viewer_tries_to_approve(
     live: LiveStack, people: People, dag_id: str, run_id: str
 ) -> ViewerAttempt:
-    """The Viewer reads the request and tries to approve it through the API."""
+    """The Viewer reads the request, then tries to approve it through the API and in the UI."""
     path = (
         f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{names.APPROVE_TASK}/-1/hitlDetails"
     )
@@ -203,17 +204,31 @@ def _viewer_tries_to_approve(
         people.viewer.request(
             "PATCH", path, json={"chosen_options": [approve.APPROVE], "params_input": {}}
         )
-        answer = "accepted"
+        api_answer = "accepted"
     except AirflowApiError as error:
-        answer = f"HTTP {error.status_code}"
+        api_answer = f"HTTP {error.status_code}"
+    with signed_in(live, VIEWER, people.passwords[VIEWER], "airflow-ui-viewer-") as ui:
+        ui.page.goto(_request_url(ui, dag_id, run_id))
+        with (
+            ui.screenshot_on_failure(f"viewer-{run_id}"),
+            ui.page.expect_response(
+                lambda answer: "hitlDetails" in answer.url and answer.request.method == "PATCH"
+            ) as answer,
+        ):
+            ui.page.get_by_test_id(f"hitl-option-{approve.APPROVE}").click()
+        message = ui.page.get_by_text("You do not have permission")
+        message.wait_for()
+        ui_answer, ui_message = f"HTTP {answer.value.status}", message.inner_text()
     state = live.api.task_instance(dag_id, run_id, names.APPROVE_TASK)["state"]
-    return ViewerAttempt(str(shown["subject"]), answer, str(state))
+    return ViewerAttempt(str(shown["subject"]), api_answer, ui_answer, ui_message, str(state))
 
 
 def test_a_viewer_sees_the_request_but_cannot_approve_it(approvals: Approvals) -> None:
     viewer = approvals.viewer
     assert viewer.subject.startswith("Promote stratoflow-digits-approval version ")
-    assert (viewer.answer, viewer.task_state) == ("HTTP 403", "awaiting_input")
+    assert (viewer.api_answer, viewer.ui_answer) == ("HTTP 403", "HTTP 403")
+    assert viewer.ui_message == "You do not have permission to perform this action."
+    assert viewer.task_state == "awaiting_input"  # the request still waits for a real answer
 
 
 def test_an_approval_in_the_ui_moves_champion(
