@@ -105,6 +105,15 @@ def form_problems(dialog: Any) -> list[str]:
     return problems
 
 
+def sign_in(page: Any, base_url: str, username: str, password: str) -> None:
+    """Sign in to the Airflow UI at `base_url` on `page`, as a user does."""
+    page.goto(f"{base_url}/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/" not in url)
+
+
 @contextlib.contextmanager
 def signed_in(live: LiveStack, username: str, password: str, shots_prefix: str) -> Iterator[Ui]:
     """Chromium, signed in to the stack's Airflow UI as `username`, as a user does."""
@@ -120,11 +129,7 @@ def signed_in(live: LiveStack, username: str, password: str, shots_prefix: str) 
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             session = Ui(page, live.api_url, shots)
             with session.screenshot_on_failure("sign-in"):
-                page.goto(f"{live.api_url}/")
-                page.get_by_label("Username").fill(username)
-                page.get_by_label("Password").fill(password)
-                page.get_by_role("button", name="Sign in").click()
-                page.wait_for_url(lambda url: "/auth/" not in url)
+                sign_in(page, live.api_url, username, password)
             yield session
         finally:
             browser.close()

@@ -26,11 +26,17 @@ from urllib.parse import quote
 import pytest
 
 from stratoflow.config import names
+from stratoflow.config.promotion import APPROVE, REJECT
 from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from tasks import approve
 from tests.integration.services.stack import LiveStack, add_airflow_user
-from tests.integration.services.test_airflow_ui_trigger import Ui, signed_in
+from tests.integration.services.test_airflow_ui_trigger import (
+    PAGE_TIMEOUT_MS,
+    Ui,
+    sign_in,
+    signed_in,
+)
 
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
@@ -85,7 +91,7 @@ def _wait_for_task(live: LiveStack, dag_id: str, run_id: str, task_id: str, stat
         if tasks[task_id] == state:
             return
         run_state = live.api.run(dag_id, run_id)["state"]
-        assert run_state == "running", f"{dag_id} {run_id}: {run_state} before {task_id} {state}"
+        assert run_state in ("queued", "running"), f"{dag_id} {run_id}: {run_state} first"
         assert time.monotonic() < deadline, f"{dag_id} {run_id}: still {tasks}"
         time.sleep(2)
 
@@ -101,7 +107,7 @@ def _answer_in_the_ui(ui: Ui, dag_id: str, run_id: str, option: str) -> str:
     ui.page.goto(_request_url(ui, dag_id, run_id))
     button = ui.page.get_by_test_id(f"hitl-option-{option}")
     button.wait_for()
-    text = ui.page.locator("main").inner_text()
+    text = ui.page.locator("body").inner_text()
     button.click()
     # The answer is recorded: the buttons go (or are disabled) and the task resumes.
     ui.page.wait_for_function(
@@ -164,11 +170,11 @@ def approvals(live: LiveStack, people: People, ui: Ui, specs: dict[str, Any]) ->
     timed_out = live.api.trigger(timeout, {})["dag_run_id"]
     outcomes: dict[str, Outcome] = {}
     viewer: ViewerAttempt | None = None
-    for option in (approve.APPROVE, approve.REJECT):
+    for option in (APPROVE, REJECT):
         run_id = live.api.trigger(approval, {})["dag_run_id"]
         _wait_for_task(live, approval, run_id, names.APPROVE_TASK, "awaiting_input")
         if viewer is None:
-            viewer = _viewer_tries_to_approve(live, people, approval, run_id)
+            viewer = _viewer_tries_to_approve(live, people, ui, approval, run_id)
         with ui.screenshot_on_failure(f"{option}-{run_id}"):
             shown = _answer_in_the_ui(ui, approval, run_id, option)
         _finished(live, approval, run_id)
@@ -180,8 +186,8 @@ def approvals(live: LiveStack, people: People, ui: Ui, specs: dict[str, Any]) ->
     assert tasks[names.PROMOTE_TASK] == "success"
     assert viewer is not None
     return Approvals(
-        approved=outcomes[approve.APPROVE],
-        rejected=outcomes[approve.REJECT],
+        approved=outcomes[APPROVE],
+        rejected=outcomes[REJECT],
         timed_out=Outcome(
             timed_out,
             _registered_version(live, timeout, timed_out),
@@ -193,32 +199,35 @@ def approvals(live: LiveStack, people: People, ui: Ui, specs: dict[str, Any]) ->
 
 
 def _viewer_tries_to_approve(
-    live: LiveStack, people: People, dag_id: str, run_id: str
+    live: LiveStack, people: People, ui: Ui, dag_id: str, run_id: str
 ) -> ViewerAttempt:
-    """The Viewer reads the request, then tries to approve it through the API and in the UI."""
+    """The Viewer reads the request, then tries to approve it through the API and in the UI
+    (in a browser context of its own beside the approver's)."""
     path = (
         f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{names.APPROVE_TASK}/-1/hitlDetails"
     )
     shown = people.viewer.request("GET", path)
     try:
-        people.viewer.request(
-            "PATCH", path, json={"chosen_options": [approve.APPROVE], "params_input": {}}
-        )
+        people.viewer.request("PATCH", path, json={"chosen_options": [APPROVE], "params_input": {}})
         api_answer = "accepted"
     except AirflowApiError as error:
         api_answer = f"HTTP {error.status_code}"
-    with signed_in(live, VIEWER, people.passwords[VIEWER], "airflow-ui-viewer-") as ui:
-        ui.page.goto(_request_url(ui, dag_id, run_id))
-        with (
-            ui.screenshot_on_failure(f"viewer-{run_id}"),
-            ui.page.expect_response(
+    context = ui.page.context.browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        viewer = Ui(context.new_page(), ui.base_url, ui.shots)
+        viewer.page.set_default_timeout(PAGE_TIMEOUT_MS)
+        with viewer.screenshot_on_failure(f"viewer-{run_id}"):
+            sign_in(viewer.page, ui.base_url, VIEWER, people.passwords[VIEWER])
+            viewer.page.goto(_request_url(ui, dag_id, run_id))
+            with viewer.page.expect_response(
                 lambda answer: "hitlDetails" in answer.url and answer.request.method == "PATCH"
-            ) as answer,
-        ):
-            ui.page.get_by_test_id(f"hitl-option-{approve.APPROVE}").click()
-        message = ui.page.get_by_text("You do not have permission")
-        message.wait_for()
-        ui_answer, ui_message = f"HTTP {answer.value.status}", message.inner_text()
+            ) as answer:
+                viewer.page.get_by_test_id(f"hitl-option-{APPROVE}").click()
+            message = viewer.page.get_by_text("You do not have permission")
+            message.wait_for()
+            ui_answer, ui_message = f"HTTP {answer.value.status}", message.inner_text()
+    finally:
+        context.close()
     state = live.api.task_instance(dag_id, run_id, names.APPROVE_TASK)["state"]
     return ViewerAttempt(str(shown["subject"]), api_answer, ui_answer, ui_message, str(state))
 
