@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
+from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowSkipException
 
 from dags import factory
@@ -71,13 +72,20 @@ class PromotionApproval(HITLOperator):
         return super().execute(context)
 
 
-def add_approval_steps(spec: PipelineSpec, registered: Any) -> None:
-    """Add `approve_promotion` → `promote_champion` after `log_and_register` (inside the DAG).
+def add_approval_steps(dag: DAG, spec: PipelineSpec, registered: Any) -> None:
+    """Add `approve_promotion` → `promote_champion` after `log_and_register` (inside the DAG),
+    and say so in the DAG's documentation.
 
     Args:
+        dag: the retrain DAG.
         spec: the pipeline's spec (its `promotion` section).
         registered: the XComArg of `log_and_register`.
     """
+    dag.doc_md = (
+        f"{dag.doc_md or ''}\n\n**A person approves each move of `champion`** (timeout "
+        f"{spec.promotion.timeout}): `approve_promotion` waits for Approve or Reject under the "
+        "run's Required Action; a rejection or the timeout leaves `champion` where it was."
+    )
     approval = PromotionApproval(
         task_id=names.APPROVE_TASK,
         response_timeout=timedelta(seconds=spec.promotion.timeout_seconds),

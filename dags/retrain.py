@@ -146,7 +146,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         evaluated: Any = evaluate_model(prepared, trained)
         registered: Any = log_and_register_model(prepared, trained, evaluated)
         if spec.promotion.approval_required:
-            approval.add_approval_steps(spec, registered)
+            approval.add_approval_steps(dag, spec, registered)
     return dag
 
 

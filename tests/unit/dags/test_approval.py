@@ -34,8 +34,10 @@ def test_approval_adds_two_tasks_after_the_registration(parsed: dict[str, Any]) 
     approval, promote = (dag["tasks"][task] for task in APPROVAL_TASKS)
     assert (approval["retries"], approval["failure_callbacks"]) == (0, 1)
     assert promote["failure_callbacks"] == 1
+    assert "**A person approves each move of `champion`** (timeout 1h)" in dag["doc_md"]
     # Without `promotion:` a pipeline's DAG is as it was.
     assert parsed["dags"]["retrain_digits"]["task_order"] == TASK_IDS
+    assert "A person approves" not in parsed["dags"]["retrain_digits"]["doc_md"]
     assert parsed["heavy_modules"] == []
 
 
