@@ -194,3 +194,16 @@ def test_only_an_approval_moves_champion_and_the_version_and_run_say_why(
     # An approved version remembers the champion before it, to give it back if the run fails.
     if outcome == "approved":
         assert version_tags[names.PREVIOUS_ALIAS_TAG + names.CHAMPION] == "1"
+
+
+def test_a_run_that_fails_after_its_approval_gives_champion_back(
+    mlflow_client: Any, versions: Versions
+) -> None:
+    """`promote_champion` failing for good after the alias moved: the failed run's clean-up
+    (`model_registry.delete_versions_of_run`) deletes its version and champion is 1 again."""
+    from stratoflow.tracking import model_registry
+
+    approve.decide(RUN, versions.registration, _answer(APPROVE, "alice"))
+    assert _aliases(mlflow_client, versions.model)["champion"] == "2"
+    model_registry.delete_versions_of_run(versions.model, versions.registration.mlflow_run_id)
+    assert _aliases(mlflow_client, versions.model)["champion"] == "1"
