@@ -61,3 +61,44 @@ def test_the_request_offers_approve_or_reject_and_rejects_at_the_timeout(
         assert approval.response_timeout == timedelta(seconds=timeout)
         # Anyone with edit rights on the DAG's HITL details answers: no assigned users.
         assert approval.assigned_users is None
+
+
+class _TaskInstance:
+    """The one thing `PromotionApproval.execute` asks of Airflow's task instance before it
+    writes the request (which needs a task runner): the earlier tasks' results."""
+
+    def __init__(self, results: dict[str, Any]):
+        self.results = results
+
+    def xcom_pull(self, task_ids: str) -> Any:
+        return self.results[task_ids]
+
+
+def test_no_one_is_asked_when_the_gate_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from dags.retrain import build_dag
+    from stratoflow.config.run_plan import load_pipeline, resolve_plan
+    from stratoflow.training.evaluation import GateDecision
+    from tasks.evaluate import Evaluation
+    from tasks.prepare import PreparedDataset
+    from tests.unit.tasks.test_run_context import DATASET
+
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(TEST_PIPELINES))
+    approval = build_dag(load_pipeline("digits_approval")).task_dict["approve_promotion"]
+    plan = resolve_plan("digits_approval", {})
+    failed = GateDecision(False, ["test_accuracy 0.2000 < 0.3"])
+    results = {
+        "prepare_dataset": PreparedDataset(DATASET, "r1", plan).to_dict(),
+        "evaluate_model": Evaluation("r1", {"test_accuracy": 0.2}, failed).to_dict(),
+        "log_and_register": {
+            "registered_model": "stratoflow-digits-approval",
+            "version": "3",
+            "model_uri": "models:/m-1",
+            "aliases": ["challenger"],
+            "promoted": False,
+            "mlflow_run_id": "r1",
+        },
+    }
+    with pytest.raises(AirflowSkipException, match="the gate failed: champion stays where it is"):
+        approval.execute({"ti": _TaskInstance(results)})
