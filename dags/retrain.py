@@ -16,6 +16,10 @@ the champion's skips every task, the reason in `prepare_dataset`'s log and XCom
 A task that fails for good, a promotion and an evaluation gate that fails send a mail to the
 deployment's `STRATOFLOW_NOTIFY_EMAIL` (`dags/notifications.py`).
 
+A pipeline with `promotion: {approval: required}` adds `approve_promotion` and
+`promote_champion`: a person approves the move of `champion` in the Airflow UI
+(`dags/approval.py`), after the version passed the gate and the serving check.
+
 It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
 `refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
 
@@ -33,7 +37,7 @@ from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from dags import factory, notifications
+from dags import approval, factory, notifications
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
@@ -92,7 +96,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
     Returns:
         The DAG `retrain_<name>` with tasks prepare_dataset → validate_data → train_model →
-        evaluate_model → log_and_register.
+        evaluate_model → log_and_register (→ approve_promotion → promote_champion with approval
+        required).
     """
     pipeline = spec.name
     with factory.new_dag(
@@ -182,7 +187,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
         trained: Any = train_model(prepared)
         data_gate >> trained  # the data gate decides before any training
         evaluated: Any = evaluate_model(prepared, trained)
-        log_and_register_model(prepared, trained, evaluated)
+        registered: Any = log_and_register_model(prepared, trained, evaluated)
+        if spec.promotion.approval_required:
+            approval.add_approval_steps(dag, spec, registered)
     return dag
 
 

@@ -26,6 +26,8 @@ class Registration(RegistrationResult, XComResult):
     """
 
     mlflow_run_id: str
+    # The serving check's verdict (`passed: ...` / `failed: <why>`); empty where none ran.
+    serving_check: str = ""
 
     PRODUCER = names.REGISTER_TASK
 
@@ -37,10 +39,12 @@ def log_and_register(
     """Log the model to MLflow, register a version (alias challenger), promote if the gate passed
     and the version serves.
 
-    `champion` moves only when the gate passed, the run's `promote` setting is true and the
+    `champion` moves only when the gate passed, the run's `promote` setting is true, the
     registered version, loaded in a fresh process the way it will be served, answers the test
-    examples as the evaluated model did (`check_serving`); otherwise the version keeps only
-    `challenger`. The run succeeded: its MLflow run is finished and its checkpoints removed.
+    examples as the evaluated model did (`check_serving`), and no person must approve it first
+    (`promotion.approval`: `tasks.approve` then moves it, and is skipped when the check failed);
+    otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is finished
+    and its checkpoints removed.
     """
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
@@ -52,7 +56,8 @@ def log_and_register(
         mlflow_run_id, trained.model_path, features, prepared.dataset.target
     )
     # Registered as challenger first; champion moves only once the version served in a fresh
-    # process answered as the evaluated model did.
+    # process answered as the evaluated model did (and, where the pipeline asks, a person
+    # approved: `tasks.approve`).
     result = model_registry.register(
         spec.registered_model,
         mlflow_run_id,
@@ -67,22 +72,24 @@ def log_and_register(
             names.STATISTICS_VERSION_TAG: f"runs:/{mlflow_run_id}/{names.STATISTICS_ARTIFACT}",
         },
     )
+    serving = ""
     if spec.training.promote and evaluation.gate.passed:
         check = check_serving(prepared, trained, features, result.registered_model, result.version)
-        if check.passed:
-            result.aliases = model_registry.promote(result.registered_model, result.version)
-            result.promoted = True
-        else:  # an earlier try of this run may have promoted it
+        serving = check.tag
+        if not check.passed:  # an earlier try of this run may have promoted it
             result.aliases = model_registry.withdraw_champion(
                 result.registered_model, result.version
             )
+        elif not spec.promotion.approval_required:
+            result.aliases = model_registry.promote(result.registered_model, result.version)
+            result.promoted = True
     mlflow_runs.finish_run(mlflow_run_id)
     # The run succeeded: its checkpoints were only there to resume a retry.
     locations.remove_run_dir(run.dag_id, run.run_id, "checkpoints")
     logger.info(
         "%s version %s, aliases %s", result.registered_model, result.version, result.aliases
     )
-    return Registration(**result.to_dict(), mlflow_run_id=mlflow_run_id)
+    return Registration(**result.to_dict(), mlflow_run_id=mlflow_run_id, serving_check=serving)
 
 
 def check_serving(

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stratoflow.config import locations, names
 from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
@@ -136,7 +134,5 @@ def champion_statistics(model_name: str) -> tuple[str | None, DatasetStatistics 
             names.STATISTICS_ARTIFACT,
         )
         return str(version.version), None
-    with tempfile.TemporaryDirectory(prefix="stratoflow-champion-") as folder:
-        path = mlflow_client.download_artifacts(version.run_id, names.STATISTICS_ARTIFACT, folder)
-        data: Any = json.loads(Path(path).read_text())
+    data = mlflow_runs.load_json_artifact(version.run_id, names.STATISTICS_ARTIFACT)
     return str(version.version), DatasetStatistics.from_dict(data)

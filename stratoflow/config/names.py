@@ -19,6 +19,9 @@ VALIDATE_DATA_TASK = "validate_data"
 TRAIN_TASK = "train_model"
 EVALUATE_TASK = "evaluate_model"
 REGISTER_TASK = "log_and_register"
+# Only in a pipeline whose promotion needs approval (`promotion.approval: required`).
+APPROVE_TASK = "approve_promotion"
+PROMOTE_TASK = "promote_champion"
 # The task ids of a strategy benchmark DAG, in order, and the one task of a refresh DAG.
 PLAN_STRATEGIES_TASK = "plan_strategies"
 TRAIN_STRATEGY_TASK = "train_strategy"

@@ -22,6 +22,7 @@ import yaml
 from stratoflow.config import discovery
 from stratoflow.config.evaluation_spec import EvaluationGate, checked_gate
 from stratoflow.config.parsing import SpecError, build, require_mapping
+from stratoflow.config.promotion import PromotionSpec, check_promotion
 from stratoflow.config.training import TrainingConfig, check_training
 from stratoflow.config.validation import ValidationSpec, check_validation
 
@@ -110,6 +111,7 @@ class PipelineSpec:
             matrix) or `regression` (float targets; mean squared error, MAE, residual plot).
         optimizer: a Keras optimizer by name and its arguments, e.g. `{name: adamw,
             weight_decay: 0.004}`; the learning rate is `training.learning_rate` (a Param).
+        promotion: whether a person approves each move of `champion` (`promotion.py`).
         folder: the pipeline's folder (set by `load_spec`, not written in the YAML): its own
             modules are imported from there.
         validation: the data gate before training (`stratoflow.config.validation`).
@@ -129,6 +131,7 @@ class PipelineSpec:
     tags: list[str] = field(default_factory=list)
     retries: int = 2
     retry_delay_seconds: int = 60
+    promotion: PromotionSpec = field(default_factory=PromotionSpec)
     folder: str = ""
     validation: ValidationSpec = field(default_factory=ValidationSpec)
 
@@ -242,6 +245,7 @@ def _check_values(spec: PipelineSpec, source: str, check_settings: bool = True) 
         )
     _check_optimizer(spec.optimizer, source)
     check_validation(spec.validation, source)
+    check_promotion(spec.promotion, source)
     return dataclasses.replace(spec, evaluation=checked_gate(spec.evaluation, spec.task, source))
 
 

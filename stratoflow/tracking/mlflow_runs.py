@@ -319,6 +319,20 @@ def log_figure(run_id: str, figure: Any, artifact_file: str) -> None:
         plt.close(figure)
 
 
+def load_json_artifact(run_id: str, artifact_file: str) -> Any:
+    """A JSON artifact of run `run_id` (e.g. `data/statistics.json`), read back.
+
+    Raises:
+        OSError, MlflowException: the run has no such artifact, or it cannot be read.
+    """
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="stratoflow-artifact-") as folder:
+        path = client().download_artifacts(run_id, artifact_file, folder)
+        return json.loads(Path(path).read_text())
+
+
 def log_table(run_id: str, columns: dict[str, list[Any]], artifact_file: str) -> None:
     """Log a table artifact (shown as a table in the MLflow UI), replacing an earlier one.
 

@@ -323,3 +323,18 @@ def _roll_back(
     mlflow_client.delete_model_version(model_name, version)
     for alias, target in previous_aliases.items():
         mlflow_client.set_registered_model_alias(model_name, alias, target)
+
+
+def move_alias(model_name: str, version: str, alias: str) -> None:
+    """Point `alias` at `version`, remembering on the version where it pointed before.
+
+    As `register` does: a run that fails later and has its version deleted gives the alias
+    back (`delete_versions_of_run`).
+    """
+    mlflow_client = mlflow_runs.client()
+    previous = alias_targets(mlflow_client, model_name).get(alias, "")
+    if previous != version:  # a retry finds its own version there already
+        mlflow_client.set_model_version_tag(
+            model_name, version, names.PREVIOUS_ALIAS_TAG + alias, previous
+        )
+    mlflow_client.set_registered_model_alias(model_name, alias, version)

@@ -6,6 +6,7 @@ minutes to start on 2 cores, so it is started once for the package.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,3 +55,28 @@ def unpause_and_cancel_the_missed_slot(api: AirflowApi, dag_id: str) -> dict[str
     if scheduled["state"] != "failed":
         api.set_run_state(dag_id, scheduled["dag_run_id"], "failed")
     return scheduled
+
+
+def add_airflow_user(api: AirflowApi, username: str, role: str, password: str = "") -> str:
+    """Create an Airflow user with `role` as the admin does (FAB's user API); its password.
+
+    Args:
+        api: the admin's client.
+        username: the new user.
+        role: a FAB role (Admin, Op, User, Viewer, Public).
+        password: the password to give; a new random one if empty.
+    """
+    password = password or secrets.token_urlsafe(18)
+    api.request(
+        "POST",
+        "/auth/fab/v1/users",
+        json={
+            "username": username,
+            "email": f"{username}@example.com",
+            "first_name": username,
+            "last_name": "test",
+            "roles": [{"name": role}],
+            "password": password,
+        },
+    )
+    return password

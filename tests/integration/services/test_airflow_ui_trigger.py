@@ -105,15 +105,23 @@ def form_problems(dialog: Any) -> list[str]:
     return problems
 
 
-@pytest.fixture(scope="module")
-def ui(live: LiveStack) -> Iterator[Ui]:
-    """Chromium, signed in to the stack's Airflow UI as the admin, as a user does."""
+def sign_in(page: Any, base_url: str, username: str, password: str) -> None:
+    """Sign in to the Airflow UI at `base_url` on `page`, as a user does."""
+    page.goto(f"{base_url}/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(lambda url: "/auth/" not in url)
+
+
+@contextlib.contextmanager
+def signed_in(live: LiveStack, username: str, password: str, shots_prefix: str) -> Iterator[Ui]:
+    """Chromium, signed in to the stack's Airflow UI as `username`, as a user does."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"Chromium is not installed at {CHROMIUM}: `apt-get install -y chromium`")
     from playwright.sync_api import sync_playwright
 
-    assert live.stack.config is not None
-    shots = Path(tempfile.mkdtemp(prefix="airflow-ui-trigger-"))
+    shots = Path(tempfile.mkdtemp(prefix=shots_prefix))
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -121,16 +129,20 @@ def ui(live: LiveStack) -> Iterator[Ui]:
             page.set_default_timeout(PAGE_TIMEOUT_MS)
             session = Ui(page, live.api_url, shots)
             with session.screenshot_on_failure("sign-in"):
-                page.goto(f"{live.api_url}/")
-                page.get_by_label("Username").fill(ADMIN_USER)
-                page.get_by_label("Password").fill(live.stack.config.admin_password)
-                page.get_by_role("button", name="Sign in").click()
-                page.wait_for_url(lambda url: "/auth/" not in url)
+                sign_in(page, live.api_url, username, password)
             yield session
         finally:
             browser.close()
     if not any(shots.iterdir()):
         shutil.rmtree(shots, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ui(live: LiveStack) -> Iterator[Ui]:
+    """Chromium, signed in to the stack's Airflow UI as the admin."""
+    assert live.stack.config is not None
+    with signed_in(live, ADMIN_USER, live.stack.config.admin_password, "airflow-ui-trigger-") as ui:
+        yield ui
 
 
 @pytest.mark.parametrize("dag_id", RETRAIN_DAGS + BENCHMARK_DAGS)

@@ -46,7 +46,11 @@ from stratoflow.config.assets import loadable_specs
 from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
 from stratoflow.services.config import ADMIN_USER, MLFLOW_ADMIN_USER, MLFLOW_SERVICE_USER
-from tests.integration.services.stack import LiveStack, unpause_and_cancel_the_missed_slot
+from tests.integration.services.stack import (
+    LiveStack,
+    add_airflow_user,
+    unpause_and_cancel_the_missed_slot,
+)
 from tests.support.processes import STRATOFLOW, ServeModel
 
 pytestmark = pytest.mark.integration
@@ -92,19 +96,7 @@ class Roles:
     def add_airflow_user(self, username: str, role: str) -> str:
         """Create an Airflow user with `role` as the admin does (FAB's user API); its password."""
         password = self.passwords.setdefault(username, _password())
-        self.live.api.request(
-            "POST",
-            "/auth/fab/v1/users",
-            json={
-                "username": username,
-                "email": f"{username}@example.com",
-                "first_name": username,
-                "last_name": "test",
-                "roles": [{"name": role}],
-                "password": password,
-            },
-        )
-        return password
+        return add_airflow_user(self.live.api, username, role, password)
 
     @property
     def mlflow_admin(self) -> tuple[str, str]:
