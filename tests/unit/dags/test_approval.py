@@ -30,10 +30,11 @@ def test_approval_adds_two_tasks_after_the_registration(parsed: dict[str, Any]) 
     assert dag["task_order"] == TASK_IDS + APPROVAL_TASKS
     assert dag["upstream"]["approve_promotion"] == ["log_and_register"]
     assert dag["upstream"]["promote_champion"] == ["approve_promotion", "log_and_register"]
-    # A person's answer is not asked twice; a failure of either still cleans up the run.
+    # A person's answer is not asked twice; a failure of either still cleans up the run (and
+    # mails the deployment: two callbacks).
     approval, promote = (dag["tasks"][task] for task in APPROVAL_TASKS)
-    assert (approval["retries"], approval["failure_callbacks"]) == (0, 1)
-    assert promote["failure_callbacks"] == 1
+    assert (approval["retries"], approval["failure_callbacks"]) == (0, 2)
+    assert promote["failure_callbacks"] == 2
     assert "**A person approves each move of `champion`** (timeout 1h)" in dag["doc_md"]
     # Without `promotion:` a pipeline's DAG is as it was.
     assert parsed["dags"]["retrain_digits"]["task_order"] == TASK_IDS

@@ -17,7 +17,7 @@ import pytest
 from stratoflow.config import names
 from stratoflow.config.promotion import APPROVE, REJECT, PromotionSpec
 from stratoflow.config.spec import PipelineSpec, load_spec
-from stratoflow.training.evaluation import GateDecision
+from stratoflow.training.evaluation import GateCheck, GateDecision
 from tasks import approve
 from tasks.evaluate import Evaluation
 from tasks.register import Registration
@@ -69,6 +69,7 @@ def versions(mlflow_client: Any) -> Versions:
         aliases=[names.CHALLENGER],
         promoted=False,
         mlflow_run_id=run_id,
+        serving_check="passed: 256 test examples answered as evaluated",
     )
     gate = GateDecision(True, ["test_accuracy 0.9500 >= 0.9"], champion, 0.90)
     return Versions(model, registration, Evaluation(run_id, CHALLENGER_METRICS, gate))
@@ -140,6 +141,69 @@ def test_no_one_is_asked_when_the_gate_failed_or_promote_is_off(versions: Versio
     )
     assert not request.needed
     assert "promote setting is off" in request.reason
+
+
+def test_no_one_is_asked_when_the_version_failed_its_serving_check(versions: Versions) -> None:
+    unservable = dataclasses.replace(
+        versions.registration, serving_check="failed: Could not locate class 'PassThrough'"
+    )
+    request = approve.approval_request(_spec(), versions.evaluation, unservable)
+    assert not request.needed
+    assert "serving check failed (failed: Could not locate class 'PassThrough')" in request.reason
+
+
+def test_the_approver_sees_each_slice_the_serving_verdict_and_the_datas_drift(
+    mlflow_client: Any, versions: Versions
+) -> None:
+    slice_check = GateCheck(
+        kind="slice",
+        name="class_3",
+        description="class 3",
+        metric="accuracy",
+        value=0.8,
+        higher_is_better=True,
+        passed=False,
+        max_regression=0.12,
+        champion_value=0.95,
+        examples=18,
+    )
+    gate = dataclasses.replace(versions.evaluation.gate, checks=[slice_check])
+    evaluation = dataclasses.replace(versions.evaluation, gate=gate)
+    mlflow_client.log_dict(
+        versions.registration.mlflow_run_id,
+        {
+            "passed": True,
+            "accepted_drift": True,
+            "champion": "1",
+            "notes": [],
+            "anomalies": [
+                {
+                    "check": "drift",
+                    "feature": "bill_length_mm",
+                    "split": "train",
+                    "message": "PSI 0.9",
+                }
+            ],
+            "drift": [
+                {
+                    "feature": "bill_length_mm",
+                    "distance": "psi",
+                    "value": 0.9,
+                    "bound": 0.25,
+                    "drifted": True,
+                }
+            ],
+        },
+        names.DATA_GATE_ARTIFACT,
+    )
+    request = approve.approval_request(_spec(), evaluation, versions.registration)
+    assert request.report is not None
+    text = request.report.to_markdown()
+    assert "| class_3 | accuracy | 0.8000 | 0.9500 |" in text and "| FAILED |" in text
+    assert "### Served in a fresh process\n\n- passed: 256 test examples" in text
+    assert "| bill_length_mm | psi | 0.9000 | 0.2500 |" in text
+    assert "- anomalies were accepted for this run (accept_drift)" in text
+    assert "- anomaly: drift: PSI 0.9" in text
 
 
 def _answer(chosen: str, user: str | None) -> dict[str, Any]:

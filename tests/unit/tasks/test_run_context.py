@@ -181,6 +181,7 @@ def test_the_xcom_keys_a_rest_client_reads_are_kept() -> None:
         "aliases",
         "promoted",
         "mlflow_run_id",
+        "serving_check",
     }
     # The benchmark's mapped task instances are named by `entry['strategy']`.
     assert examples()[5].to_dict()["strategy"] == "central_storage"
