@@ -35,6 +35,8 @@ DOCS = ROOT / "docs"
 CLUSTER_REPEATS = 2
 CLUSTER_EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted
 
+# The bundled pipelines whose statistics cost is measured (`benchmarks.statistics_cost`).
+STATISTICS_PIPELINES = ("mnist", "digits", "penguins", "diabetes")
 TARGETS = {
     "training step vs bare Keras fit": (">=", 0.97),
     "mirrored(2) vs one_device": ("report", None),
@@ -50,6 +52,10 @@ TARGETS = {
     "larger than memory: peak RSS of the training process (MB)": ("<=", 1536.0),
     "launcher ray vs local, multi_worker_mirrored(2) throughput": ("report", None),
     "launcher ray vs local, parameter_server throughput": ("report", None),
+    **{
+        f"statistics of every split / training, {pipeline}": ("report", None)
+        for pipeline in STATISTICS_PIPELINES
+    },
 }
 # The larger-than-memory case: the cache budget it trains with (MiB); its generated dataset
 # (benchmarks/generated_data, config `bench`) decodes to more than 4x this.
@@ -73,6 +79,8 @@ def main() -> None:
     figures["epoch_logging"] = _epoch_logging(home)
     logger.info("a whole DAG run through Airflow")
     figures["orchestration"] = _orchestration()
+    logger.info("statistics of every split against training, on the bundled pipelines")
+    figures["statistics"] = _statistics_cost()
     logger.info("the ray launcher against local, on hosts made of network namespaces")
     figures["ray"] = _ray()
     figures["bench_seconds"] = time.perf_counter() - started
@@ -98,6 +106,19 @@ def _in_process(mode: str, *args: str, env: dict[str, str] | None = None) -> dic
         env={**os.environ, **(env or {})},
     ).stdout
     return dict(json.loads(output.strip().splitlines()[-1]))
+
+
+def _statistics_cost() -> dict[str, Any]:
+    """Each bundled pipeline's statistics time against its default training's, one process."""
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.statistics_cost", *STATISTICS_PIPELINES],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return {line["pipeline"]: line for line in lines}
 
 
 def _streaming() -> dict[str, Any]:
@@ -344,6 +365,13 @@ def _rows(figures: dict[str, Any], previous: dict[str, float]) -> list[dict[str,
                 ("multi_worker_mirrored", "multi_worker_mirrored(2)"),
                 ("parameter_server", "parameter_server"),
             )
+        },
+        **{
+            f"statistics of every split / training, {pipeline}": (
+                figures["statistics"][pipeline]["share_of_training"],
+                None,
+            )
+            for pipeline in STATISTICS_PIPELINES
         },
     }
     rows = []
