@@ -25,7 +25,12 @@ pytestmark = pytest.mark.integration
 DAG_ID = "retrain_digits"
 MODEL = "stratoflow-digits"
 RECIPIENT = "ml-platform@example.org"
-TRAINING_TASKS = (names.TRAIN_TASK, names.EVALUATE_TASK, names.REGISTER_TASK)
+TRAINING_TASKS = (
+    names.VALIDATE_DATA_TASK,
+    names.TRAIN_TASK,
+    names.EVALUATE_TASK,
+    names.REGISTER_TASK,
+)
 
 
 @pytest.fixture(scope="module")

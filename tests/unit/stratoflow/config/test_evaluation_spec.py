@@ -94,6 +94,18 @@ def test_the_checked_gate_travels_in_the_run_plan_unchanged():
     )
 
 
+@pytest.mark.parametrize("pipeline", ["mnist", "penguins", "diabetes"])
+def test_a_checked_spec_read_back_is_the_same_spec(pipeline):
+    """A checked gate's shorthand mirrors its first metric; parsing the checked spec again (as a
+    training program given the spec's dict does) keeps it and refuses nothing."""
+    import dataclasses
+
+    spec = load_spec(pipeline)
+    data = json.loads(json.dumps(dataclasses.asdict(spec)))
+    again = parse_spec(spec.name, {key: value for key, value in data.items() if key != "name"})
+    assert again.evaluation == spec.evaluation
+
+
 @pytest.mark.parametrize(
     ("pipeline", "evaluation", "message"),
     [
