@@ -268,13 +268,11 @@ def _champion(model_name: str) -> tuple[str | None, dict[str, float]]:
     """The version holding `champion` and its run's test metrics; (None, {}) without one."""
     from stratoflow.tracking import mlflow_runs
 
-    mlflow_client = mlflow_runs.client()
-    try:
-        version = mlflow_client.get_model_version_by_alias(model_name, names.CHAMPION)
-    except Exception:  # no such model or no such alias
+    found = mlflow_runs.champion_metrics(model_name)
+    if found is None:
         return None, {}
-    metrics = mlflow_client.get_run(version.run_id).data.metrics
-    return str(version.version), {k: v for k, v in metrics.items() if k.startswith("test_")}
+    version, metrics = found
+    return version, {key: value for key, value in metrics.items() if key.startswith("test_")}
 
 
 @dataclass
