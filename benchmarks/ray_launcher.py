@@ -3,8 +3,8 @@ memory, and the recoveries (a killed worker, a killed host, for both strategies)
 run does when the Ray head dies.
 
 The Ray cluster is the tests' one (`tests/support/ray_hosts.py`): a head and two worker hosts as
-network namespaces on this machine. Every run is `tasks.train.train` (the training task's body)
-started on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local`
+network namespaces on this machine. Every run is `stratoflow.tasks.train.train` (the training task's
+body) started on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local`
 launcher runs its members there too and both sides use the same cores. Run alone:
 `python -m benchmarks.ray_launcher` prints the figures as JSON.
 """
@@ -33,9 +33,9 @@ PS = {"strategy": "parameter_server", "workers": 2, "ps": 1}
 def run(conf: dict[str, Any], out: str) -> None:
     """Prepare and train one mnist run with `conf` (inside a host); write its figures."""
     from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tasks import prepare, train
+    from stratoflow.tasks.run_context import AirflowRun
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare, train
-    from tasks.run_context import AirflowRun
 
     airflow_run = AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
     prepared = prepare.prepare("mnist", {**conf, "epochs": EPOCHS}, airflow_run)

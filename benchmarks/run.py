@@ -154,9 +154,9 @@ def _streaming() -> dict[str, Any]:
 
 
 def _cluster_runs(only: tuple[str, ...] = ()) -> dict[str, Any]:
+    from stratoflow.tasks import prepare, train
+    from stratoflow.tasks.run_context import AirflowRun
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare, train
-    from tasks.run_context import AirflowRun
 
     cores = str(os.cpu_count() or 1)
     variants: dict[str, tuple[dict[str, Any], dict[str, str]]] = {

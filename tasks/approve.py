@@ -2,8 +2,9 @@
 
 With `promotion.approval: required` (`stratoflow.config.promotion`), `log_and_register`
 registers the version with `challenger` only; the retrain DAG then asks a person in the Airflow
-UI (`approve_promotion`, a human-in-the-loop task, `dags/approval.py`), showing the report
-`approval_request` writes; `promote_champion` (`decide`) moves `champion` only on "Approve". A
+UI (`approve_promotion`, a human-in-the-loop task, `stratoflow/dags/approval.py`), showing the
+report `approval_request` writes; `promote_champion` (`decide`) moves `champion` only on "Approve".
+A
 "Reject", or no answer before the timeout (the request's default answer is "Reject"), leaves
 `champion` where it was, and the version and the MLflow run say so in their tags.
 
@@ -21,9 +22,9 @@ from typing import Any
 from stratoflow.config import names
 from stratoflow.config.promotion import APPROVE
 from stratoflow.config.spec import PipelineSpec
-from tasks.evaluate import Evaluation
-from tasks.register import Registration
-from tasks.run_context import AirflowRun, XComResult
+from stratoflow.tasks.evaluate import Evaluation
+from stratoflow.tasks.register import Registration
+from stratoflow.tasks.run_context import AirflowRun, XComResult
 
 logger = logging.getLogger(__name__)
 

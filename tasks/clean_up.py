@@ -1,7 +1,8 @@
 """Clean-up after a DAG run failed or was stopped: its MLflow runs, model versions and folder.
 
-The retrain DAG's failure callbacks (`dags/factory.py`) and `stratoflow run`'s stop handling call
-these; they take the pipeline and the DAG run, never a task's result (the task may not have any),
+The retrain DAG's failure callbacks (`stratoflow/dags/factory.py`) and `stratoflow run`'s stop
+handling call these; they take the pipeline and the DAG run, never a task's result (the task may not
+have any),
 and read no pipeline spec (it may have changed since the run, or no longer load): the MLflow runs
 are found by the DAG run's tags in the pipeline's experiment, and the registered model is the one
 the run's plan named, as the run recorded it (its `registered_model` param).
@@ -13,7 +14,7 @@ import logging
 from typing import Any
 
 from stratoflow.config import locations
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 
 # The run's resolved config is logged as params (`mlflow_runs.flatten_config`): its model's name.
 REGISTERED_MODEL_PARAM = "registered_model"

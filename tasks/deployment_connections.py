@@ -1,6 +1,6 @@
 """The deployment's Airflow Connections, applied to a task process before it does anything.
 
-Every task body and failure callback starts with `dags.factory.airflow_run`, which calls
+Every task body and failure callback starts with `stratoflow.dags.factory.airflow_run`, which calls
 `apply_connections` first: where the Airflow deployment defines the connection
 `stratoflow_mlflow` (UI, CLI, `AIRFLOW_CONN_STRATOFLOW_MLFLOW`, a secrets backend), its tracking
 URI and service account replace this process's MLflow environment variables; where it does not,

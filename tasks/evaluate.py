@@ -1,6 +1,6 @@
 """The retrain DAG's evaluation task: score the test split and decide the gate.
 
-`score_test_split` is shared with the strategy benchmark (`tasks.strategy_benchmark`).
+`score_test_split` is shared with the strategy benchmark (`stratoflow.tasks.strategy_benchmark`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 from stratoflow.config import names
 from stratoflow.config.evaluation_spec import EvaluationGate
 from stratoflow.data.datasets import DatasetRef
+from stratoflow.tasks.prepare import PreparedDataset
+from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
+from stratoflow.tasks.train import TrainedModel
 from stratoflow.training.evaluation import GateDecision
-from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, XComResult, freezes_heap
-from tasks.train import TrainedModel
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from stratoflow.config import locations, names
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
-from stratoflow.tracking.fingerprints import Fingerprints
-from tasks.run_context import (
+from stratoflow.tasks.run_context import (
     AirflowRun,
     PayloadError,
     XComResult,
@@ -26,6 +25,7 @@ from tasks.run_context import (
     plan_from_dict,
     typed,
 )
+from stratoflow.tracking.fingerprints import Fingerprints
 
 logger = logging.getLogger(__name__)
 

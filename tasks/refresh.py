@@ -1,7 +1,8 @@
 """The refresh DAG's task: prepare every version of one dataset the pipelines read.
 
-The refresh DAG (`dags/refresh_datasets.py`) calls `refresh_dataset` and emits the dataset's
-asset event with its result as the event's extra, which retrains every pipeline reading it.
+The refresh DAG (`stratoflow/dags/refresh_datasets.py`) calls `refresh_dataset` and emits the
+dataset's asset event with its result as the event's extra, which retrains every pipeline reading
+it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stratoflow.config import names
-from tasks.run_context import XComResult
+from stratoflow.tasks.run_context import XComResult
 
 
 @dataclass(frozen=True)

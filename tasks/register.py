@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratoflow.config import locations, names
+from stratoflow.tasks.evaluate import Evaluation
+from stratoflow.tasks.prepare import PreparedDataset
+from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
+from stratoflow.tasks.train import TrainedModel
 from stratoflow.tracking.model_registry import RegistrationResult
 from stratoflow.tracking.serving_check import ServingCheck
-from tasks.evaluate import Evaluation
-from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, XComResult, freezes_heap
-from tasks.train import TrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ def log_and_register(
     `champion` moves only when the gate passed, the run's `promote` setting is true, the
     registered version, loaded in a fresh process the way it will be served, answers the test
     examples as the evaluated model did (`check_serving`), and no person must approve it first
-    (`promotion.approval`: `tasks.approve` then moves it, and is skipped when the check failed);
-    otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is finished
+    (`promotion.approval`: `stratoflow.tasks.approve` then moves it, and is skipped when the check
+    failed); otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is
+    finished
     and its checkpoints removed.
     """
     from stratoflow.data import datasets
@@ -57,7 +58,7 @@ def log_and_register(
     )
     # Registered as challenger first; champion moves only once the version served in a fresh
     # process answered as the evaluated model did (and, where the pipeline asks, a person
-    # approved: `tasks.approve`).
+    # approved: `stratoflow.tasks.approve`).
     result = model_registry.register(
         spec.registered_model,
         mlflow_run_id,

@@ -1,7 +1,7 @@
 """The strategy benchmark's task bodies: plan the strategies, train one, compare them all.
 
-The benchmark DAG (`dags/benchmark_strategies.py`) trains the pipeline's model briefly under
-every strategy this host can run, with the same seed, each in its own training processes, and
+The benchmark DAG (`stratoflow/dags/benchmark_strategies.py`) trains the pipeline's model briefly
+under every strategy this host can run, with the same seed, each in its own training processes, and
 recommends one. MLflow names (a public interface, listed in docs/how-to/benchmark-strategies.md):
 
 - a **parent run** in `stratoflow/<pipeline>`, run name `<pipeline>-bench-<airflow run id>`,
@@ -29,6 +29,7 @@ from stratoflow.config.parsing import SpecError
 from stratoflow.config.run_plan import RunPlan, resolve_variant
 from stratoflow.config.spec import PipelineSpec, load_spec
 from stratoflow.data.datasets import DatasetRef
+from stratoflow.tasks.run_context import AirflowRun, XComResult
 from stratoflow.training.strategy_benchmark import (
     RULE,
     HostDevices,
@@ -37,7 +38,6 @@ from stratoflow.training.strategy_benchmark import (
     steady_throughput,
     threshold_reached,
 )
-from tasks.run_context import AirflowRun, XComResult
 
 logger = logging.getLogger(__name__)
 
@@ -214,10 +214,10 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     Returns:
         The strategy, its child run id and its test accuracy.
     """
+    from stratoflow.tasks.evaluate import score_test_split
+    from stratoflow.tasks.train import run_training
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training.strategies import StrategyUnavailableError
-    from tasks.evaluate import score_test_split
-    from tasks.train import run_training
 
     strategy_plan = entry.run_config
     spec = strategy_plan.spec

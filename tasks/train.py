@@ -1,7 +1,7 @@
 """The retrain DAG's training task: train in child processes under the run's strategy.
 
-`run_training` is shared with the strategy benchmark (`tasks.strategy_benchmark`): both train
-through the same launcher, log the same metrics and draw the same curves.
+`run_training` is shared with the strategy benchmark (`stratoflow.tasks.strategy_benchmark`): both
+train through the same launcher, log the same metrics and draw the same curves.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from stratoflow.config import locations, names
 from stratoflow.config.run_plan import RunPlan
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.distributed.protocol import Restarts, TrainingPayload, TrainingResult
-from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, XComResult, freezes_heap
+from stratoflow.tasks.prepare import PreparedDataset
+from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +102,8 @@ def run_training(
         The result member's `TrainingResult` (history, model path, shape, timings, nodes).
     """
     from stratoflow.distributed.launchers import launcher_for
+    from stratoflow.tasks import deployment_connections
     from stratoflow.tracking import mlflow_runs, plots
-    from tasks import deployment_connections
 
     payload = TrainingPayload(
         plan=plan,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from stratoflow.config import locations, names
 from stratoflow.data.statistics import STATISTICS_FILE, DatasetStatistics
-from tasks.prepare import PreparedDataset
-from tasks.run_context import AirflowRun, XComResult, freezes_heap
+from stratoflow.tasks.prepare import PreparedDataset
+from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`stratoflow check`: what a retrain run's first task checks, without Airflow.
 
-For each pipeline, in the order the first task (`tasks.prepare.prepare`) meets them:
+For each pipeline, in the order the first task (`stratoflow.tasks.prepare.prepare`) meets them:
 
 1. spec: its `pipeline.yaml` loads and validates, its model is known and its default strategy
    can train it (`run_plan.load_pipeline`, as the DAG files do at parse time);
@@ -156,7 +156,8 @@ def _run_defaults(name: str, state: dict[str, Any]) -> str:
 def _dataset(spec: PipelineSpec, state: dict[str, Any]) -> str:
     from stratoflow.data.datasets import prepare_dataset
 
-    # The first task's own call: what it refuses, this refuses (see `tasks.prepare.prepare`).
+    # The first task's own call: what it refuses, this refuses (see
+    # `stratoflow.tasks.prepare.prepare`).
     reference = prepare_dataset(spec.dataset, folder=spec.folder or None, problem_type=spec.task)
     state["dataset"] = reference
     sizes = ", ".join(f"{role} {size}" for role, size in reference.split_sizes.items())

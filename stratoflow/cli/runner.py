@@ -139,7 +139,7 @@ def check_benchmark_conf(pipeline: str, conf: Mapping[str, Any]) -> dict[str, An
     Raises:
         SpecError: unknown pipeline, unknown key or invalid value.
     """
-    from tasks.strategy_benchmark import benchmark_spec
+    from stratoflow.tasks.strategy_benchmark import benchmark_spec
 
     spec = load_spec(pipeline)
     if spec.task != "classification":
@@ -475,8 +475,8 @@ def _marked(interrupted: list[str]) -> str:
 def _kill_mlflow_runs(dag_id: str, run_id: str, said: str) -> str:
     """End the DAG run's MLflow runs KILLED; `said` (what happened in Airflow) and what did."""
     try:
-        from tasks.clean_up import clean_up_stopped_run
-        from tasks.run_context import AirflowRun
+        from stratoflow.tasks.clean_up import clean_up_stopped_run
+        from stratoflow.tasks.run_context import AirflowRun
 
         ended = clean_up_stopped_run(_pipeline_of(dag_id), AirflowRun(dag_id, run_id))
     except Exception as error:  # the DB is right already; say what MLflow still shows
@@ -544,7 +544,7 @@ def _print_benchmark(pipeline: str, dag_id: str, run: tuple[str, str] | None) ->
     if run is None:
         return 1
     try:
-        from tasks.strategy_benchmark import read_comparison
+        from stratoflow.tasks.strategy_benchmark import read_comparison
 
         comparison = read_comparison(pipeline, dag_id, run[0])
     except Exception:

@@ -6,7 +6,8 @@ console log renderer) marks each task's start with `[DAG TEST] starting task_id=
 failure with a `Task failed with exception` event followed by the plain Python traceback. This
 module follows those markers line by line and keeps, per task, the exception of its last
 failed try: its type (the class name) and its message, as the task body raised it (a refusal's
-`AirflowFailException` is unwrapped to the `SpecError` it was raised from: `dags/refusals.py`).
+`AirflowFailException` is unwrapped to the `SpecError` it was raised from:
+`stratoflow/dags/refusals.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TRACEBACK = "Traceback (most recent call last):"
 _CAUSE = "The above exception was the direct cause of the following exception:"
 _CONTEXT = "During handling of the above exception, another exception occurred:"
-# `dags/refusals.py` raises it from the refusal (a SpecError) to fail the task without a retry.
+# `stratoflow/dags/refusals.py` raises it from the refusal (a SpecError) to fail the task without a
+# retry.
 _REFUSAL_WRAPPER = "AirflowFailException"
 # A failure's traceback is kept up to this many lines (a member's log tail is about 30).
 MAX_TRACEBACK_LINES = 2000
@@ -101,8 +103,8 @@ def raised_exception(traceback_lines: list[str]) -> tuple[str, str] | None:
     """The (class name, message) of the exception a printed traceback ends with.
 
     A chain (`raise ... from`, or an exception while handling another) prints each exception
-    in turn and the raised one last; only the refusal wrapper of `dags/refusals.py` is looked
-    through, to the exception it was raised from.
+    in turn and the raised one last; only the refusal wrapper of `stratoflow/dags/refusals.py` is
+    looked through, to the exception it was raised from.
     """
     sections: list[tuple[str | None, list[str]]] = [(None, [])]
     for line in traceback_lines:

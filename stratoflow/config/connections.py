@@ -5,9 +5,9 @@ Connection `stratoflow_mlflow`, in the Airflow UI, the CLI or a secrets backend,
 environment variables. The connection types appear in Airflow's connection form because the
 distribution registers `provider_info` under Airflow's `apache_airflow_provider` entry point.
 
-Only the task processes look connections up (`tasks.deployment_connections`): a task process
-puts what a connection says into its own environment, where the MLflow client and the launchers
-already read it, and training members receive their allowlist of it as before
+Only the task processes look connections up (`stratoflow.tasks.deployment_connections`): a task
+process puts what a connection says into its own environment, where the MLflow client and the
+launchers already read it, and training members receive their allowlist of it as before
 (`stratoflow.distributed.member_environment`). Where no connection is defined, the environment
 variables of earlier versions stay in force.
 
@@ -128,7 +128,7 @@ def provider_info() -> dict[str, Any]:
         "connection-types": [
             {
                 "connection-type": MLFLOW_CONNECTION_TYPE,
-                "hook-class-name": "tasks.deployment_connections.MlflowTrackingHook",
+                "hook-class-name": "stratoflow.tasks.deployment_connections.MlflowTrackingHook",
                 "hook-name": "MLflow tracking server (stratoflow)",
                 "ui-field-behaviour": {
                     "hidden-fields": ["extra"],
@@ -145,7 +145,7 @@ def provider_info() -> dict[str, Any]:
             },
             {
                 "connection-type": RAY_CONNECTION_TYPE,
-                "hook-class-name": "tasks.deployment_connections.RayClusterHook",
+                "hook-class-name": "stratoflow.tasks.deployment_connections.RayClusterHook",
                 "hook-name": "Ray cluster (stratoflow)",
                 "ui-field-behaviour": {
                     "hidden-fields": ["schema", "login", "extra"],

@@ -1,13 +1,15 @@
 """Where pipelines are found: a pipeline is a folder holding `pipeline.yaml` (and its own Python).
 
-Pipelines come from the bundled `pipelines/` folder and from every entry of
-`STRATOFLOW_PIPELINES_PATH` (entries separated by `os.pathsep`, `:` on Linux). An entry is either
+Pipelines come from the bundled examples (`stratoflow.pipelines`, unless
+`STRATOFLOW_EXAMPLE_PIPELINES=0`) and from every entry of `STRATOFLOW_PIPELINES_PATH` (entries
+separated by `os.pathsep`, `:` on Linux). An entry is either
 a folder of pipeline folders (a team's repository of pipelines) or one pipeline folder itself
 (it holds `pipeline.yaml`). The folder's name is the pipeline's name (`retrain_<name>`).
 
 Problems found while looking (a missing path entry, a folder name that cannot be a pipeline name,
 two folders claiming one name) do not stop discovery: they are reported in `Discovery.problems`
-and `dags/pipeline_errors.py` shows them as its import error, while the other pipelines load.
+and the DAGs folder's `pipeline_errors.py` (`stratoflow.dags.raise_pipeline_errors`) shows them as
+its import error, while the other pipelines load.
 
 Light: the standard library only, nothing of the pipelines is imported here.
 """
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 PIPELINE_FILE = "pipeline.yaml"
 PIPELINES_PATH_ENV = "STRATOFLOW_PIPELINES_PATH"
-# The `pipelines` package holds the bundled pipeline folders: located, never imported.
-BUNDLED_DIR = Path(str(resources.files("pipelines")))
+# "0" leaves the bundled examples out; `stratoflow.dags.publish` sets it from its `examples`.
+EXAMPLES_ENV = "STRATOFLOW_EXAMPLE_PIPELINES"
+# The `stratoflow.pipelines` package holds the bundled pipeline folders: located, never imported.
+BUNDLED_DIR = Path(str(resources.files("stratoflow.pipelines")))
 # A pipeline name becomes a DAG id suffix and the name of a Python package (its own modules).
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -42,9 +47,31 @@ class Discovery:
 
 
 def pipeline_roots() -> list[Path]:
-    """The bundled `pipelines/` folder, then each entry of `$STRATOFLOW_PIPELINES_PATH`."""
-    entries = [entry for entry in os.environ.get(PIPELINES_PATH_ENV, "").split(os.pathsep) if entry]
-    return [BUNDLED_DIR, *(Path(entry).expanduser() for entry in entries)]
+    """The bundled examples' folder (unless left out), then each `$STRATOFLOW_PIPELINES_PATH`
+    entry."""
+    bundled = [BUNDLED_DIR] if os.environ.get(EXAMPLES_ENV, "1") != "0" else []
+    return [*bundled, *(Path(entry).expanduser() for entry in _path_entries())]
+
+
+def use_pipelines(folders: Iterable[str | os.PathLike[str]], *, examples: bool) -> None:
+    """Make this process, and every process it starts, find the pipelines in `folders`.
+
+    The folders join `$STRATOFLOW_PIPELINES_PATH` (those already there stay); `examples` decides
+    whether the bundled examples are found too. Set in the environment on purpose: Airflow's task
+    process parses the DAG file that called this before it runs a task, and the training processes
+    it starts inherit the environment, so every one of them resolves a pipeline name alike.
+    """
+    entries = _path_entries()
+    for folder in folders:
+        entry = str(Path(folder).expanduser().absolute())
+        if entry not in entries:
+            entries.append(entry)
+    os.environ[PIPELINES_PATH_ENV] = os.pathsep.join(entries)
+    os.environ[EXAMPLES_ENV] = "1" if examples else "0"
+
+
+def _path_entries() -> list[str]:
+    return [entry for entry in os.environ.get(PIPELINES_PATH_ENV, "").split(os.pathsep) if entry]
 
 
 def discover() -> Discovery:

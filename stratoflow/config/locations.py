@@ -17,8 +17,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# The DAG files every Airflow of this project parses (local runner, services stack, compose).
-DAGS_FOLDER = PROJECT_ROOT / "dags"
+# The DAG files every Airflow of this project parses (local runner, services stack, compose): the
+# repository's `dags/`, which the package links as `stratoflow/dags/dag_files` so that an installed
+# stratoflow has them too.
+DAGS_FOLDER = (Path(__file__).parents[1] / "dags" / "dag_files").resolve()
 
 STATE_DIR_ENV = "STRATOFLOW_HOME"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -26,8 +28,14 @@ DATA_DIR_ENV = "TFDS_DATA_DIR"
 
 
 def state_dir() -> Path:
-    """The local state folder: `$STRATOFLOW_HOME`, else `<project>/.stratoflow`."""
-    return Path(os.environ.get(STATE_DIR_ENV) or PROJECT_ROOT / ".stratoflow").resolve()
+    """The local state folder: `$STRATOFLOW_HOME`, else `<project>/.stratoflow` in a checkout,
+    else `~/.stratoflow` (an installed stratoflow's project folder is site-packages)."""
+    default = (
+        PROJECT_ROOT / ".stratoflow"
+        if (PROJECT_ROOT / "pyproject.toml").is_file()
+        else Path.home() / ".stratoflow"
+    )
+    return Path(os.environ.get(STATE_DIR_ENV) or default).resolve()
 
 
 def tracking_uri() -> str:

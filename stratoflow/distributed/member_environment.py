@@ -59,6 +59,7 @@ ALLOWED_NAMES = frozenset(
         # stratoflow's stores and the pipelines.
         "STRATOFLOW_HOME",
         "STRATOFLOW_PIPELINES_PATH",
+        "STRATOFLOW_EXAMPLE_PIPELINES",
         "TFDS_DATA_DIR",
         # MLflow's client (the service account is MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN).
         "MLFLOW_REGISTRY_URI",

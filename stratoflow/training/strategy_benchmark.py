@@ -2,7 +2,7 @@
 which strategy to recommend.
 
 Pure functions on small dicts (no TensorFlow, no MLflow), so the rules are tested on their own;
-`tasks.strategy_benchmark` feeds them from the host, the training runs and MLflow.
+`stratoflow.tasks.strategy_benchmark` feeds them from the host, the training runs and MLflow.
 """
 
 from __future__ import annotations

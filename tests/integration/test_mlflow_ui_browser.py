@@ -108,9 +108,9 @@ def mlflow_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_runs(mlflow_server, tf_runtime) -> dict[str, dict[str, str]]:
     """strategy → {run_id, run_name, experiment_id} of two 2-epoch digits runs, evaluated."""
+    from stratoflow.tasks import evaluate, prepare, train
+    from stratoflow.tasks.run_context import AirflowRun
     from stratoflow.tracking import mlflow_runs
-    from tasks import evaluate, prepare, train
-    from tasks.run_context import AirflowRun
 
     runs = {}
     for strategy in STRATEGIES:

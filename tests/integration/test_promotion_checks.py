@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from stratoflow.config import names
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 
 pytestmark = pytest.mark.integration
@@ -75,10 +75,10 @@ def trained_model(digits, folder: Path, labels=None, wrap=None) -> str:
 def evaluate_and_register(digits, model_path: str, plan=None):
     """The evaluation and registration tasks of one new DAG run on `model_path`, through JSON
     (under `plan`, default digits' own)."""
+    from stratoflow.tasks import evaluate, register
+    from stratoflow.tasks.prepare import PreparedDataset
+    from stratoflow.tasks.train import TrainedModel
     from stratoflow.tracking import mlflow_runs
-    from tasks import evaluate, register
-    from tasks.prepare import PreparedDataset
-    from tasks.train import TrainedModel
 
     plan, reference, *_ = digits if plan is None else (plan, *digits[1:])
     run = AirflowRun(dag_id="retrain_digits", run_id=f"manual__{uuid.uuid4().hex[:12]}")
@@ -138,7 +138,7 @@ def test_a_challenger_worse_on_one_class_is_not_promoted_and_the_report_names_it
     plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, evaluation=lenient))
     # Class 3's training labels become 5: the model learns to call a 3 a 5.
     corrupted = np.where(labels == CORRUPTED_CLASS, 5, labels)
-    with caplog.at_level(logging.INFO, logger="tasks.evaluate"):
+    with caplog.at_level(logging.INFO, logger="stratoflow.tasks.evaluate"):
         evaluated, registered = evaluate_and_register(
             digits, trained_model(digits, tmp_path, labels=corrupted), plan
         )

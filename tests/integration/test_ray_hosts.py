@@ -289,8 +289,8 @@ def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, 
 CUT_OFF_PROGRAM = """
 import json, sys, time, uuid
 from stratoflow.distributed.launcher import ChildProcessFailed
-from tasks import prepare, train
-from tasks.run_context import AirflowRun
+from stratoflow.tasks import prepare, train
+from stratoflow.tasks.run_context import AirflowRun
 run = AirflowRun(dag_id="retrain_mnist", run_id=f"manual__{uuid.uuid4().hex[:12]}")
 prepared = prepare.prepare("mnist", json.loads(sys.argv[1]), run)
 try:

@@ -22,7 +22,7 @@ import pytest
 from stratoflow.config import clusters, names
 from stratoflow.distributed import cluster
 from stratoflow.distributed.protocol import READY_MARKER
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 from tests.support.processes import (
     SERVER_MODULE,
@@ -108,7 +108,7 @@ def assert_ran_on(
 def test_parameter_server_training_uses_the_standing_servers(
     tf_runtime, standing_cluster, mlflow_client, child_watcher, monkeypatch
 ):
-    from tasks import prepare, train
+    from stratoflow.tasks import prepare, train
 
     layout, servers = standing_cluster
     # The deployment names its clusters; the run picks one by name.
@@ -140,7 +140,7 @@ def test_a_dag_run_without_a_cluster_uses_stratoflow_cluster(
 
 
 def test_an_unreachable_standing_server_fails_in_seconds_naming_it(tf_runtime, monkeypatch):
-    from tasks import prepare, train
+    from stratoflow.tasks import prepare, train
 
     closed_port = cluster.free_ports(1)[0]
     jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}

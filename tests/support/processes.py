@@ -167,7 +167,8 @@ def kill_during(
     """Start `run` in a thread, SIGKILL the child `victim` picks once `when()` holds.
 
     Args:
-        run: the work that starts children (e.g. a `tasks.train.train` call); it must raise.
+        run: the work that starts children (e.g. a `stratoflow.tasks.train.train` call); it must
+        raise.
         when: the moment to kill, e.g. the first checkpoint exists.
         victim: picks the process to kill from `cluster_children()`.
         wait_seconds: how long `when()` may take to hold.

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 PIPELINES = list_pipelines()
 RETRAIN_DAGS = [names.retrain_dag_id(pipeline) for pipeline in PIPELINES]
-# Strategy benchmarks exist for classification pipelines only (dags/benchmark_strategies.py).
+# Strategy benchmarks exist for classification pipelines only
+# (stratoflow/dags/benchmark_strategies.py).
 BENCHMARK_DAGS = [
     names.benchmark_dag_id(pipeline)
     for pipeline in PIPELINES

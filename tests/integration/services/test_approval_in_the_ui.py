@@ -29,7 +29,7 @@ from stratoflow.config import names
 from stratoflow.config.promotion import APPROVE, REJECT
 from stratoflow.config.spec import load_spec
 from stratoflow.services.airflow_api import AirflowApi, AirflowApiError
-from tasks import approve
+from stratoflow.tasks import approve
 from tests.integration.services.stack import LiveStack, add_airflow_user
 from tests.integration.services.test_airflow_ui_trigger import (
     PAGE_TIMEOUT_MS,

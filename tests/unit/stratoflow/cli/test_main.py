@@ -370,8 +370,8 @@ def _traceback_of(call: Any) -> list[str]:
 
 
 def test_the_failure_reader_keeps_each_tasks_last_error_as_the_task_raised_it() -> None:
-    from dags.refusals import no_retry_on_refusal
     from stratoflow.cli.task_failures import TaskFailureReader
+    from stratoflow.dags.refusals import no_retry_on_refusal
     from stratoflow.distributed.launcher import ChildProcessFailed
 
     @no_retry_on_refusal

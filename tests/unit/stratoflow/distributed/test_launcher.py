@@ -118,8 +118,8 @@ def test_a_member_that_never_comes_up_fails_the_start_when_its_grace_ends():
 
 def test_training_runs_get_the_documented_30_second_grace():
     """docs/how-to/strategies.md, "Supervision": a member not up 30 s after the first one fails
-    the start; training (`tasks.train.run_training`) calls `run_cluster` without choosing a
-    grace."""
+    the start; training (`stratoflow.tasks.train.run_training`) calls `run_cluster` without choosing
+    a grace."""
     default = inspect.signature(run_cluster).parameters["ready_timeout_seconds"].default
     assert default == launcher.READY_TIMEOUT_SECONDS == 30
 

@@ -17,7 +17,7 @@ import pytest
 
 from stratoflow.config import locations, names
 from stratoflow.config.spec import ModelSpec, load_spec
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 from tests.support.processes import (
     cluster_children,
     kill_during,
@@ -50,8 +50,8 @@ def losses(history) -> list[float]:
 
 @pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
 def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdir, strategy):
+    from stratoflow.tasks import evaluate, prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import evaluate, prepare, train
 
     run = new_run("digits")
     # Streamed (cache budget 0): the workers read the files themselves, each epoch. The cached
@@ -101,8 +101,8 @@ def test_cluster_strategies_train_through_the_task_api(tf_runtime, private_tmpdi
 def test_tabular_pipelines_train_under_the_cluster_strategies(
     tf_runtime, private_tmpdir, pipeline, strategy
 ):
+    from stratoflow.tasks import evaluate, prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import evaluate, prepare, train
 
     run = new_run(pipeline)
     params = {"strategy": strategy, "workers": 2, "ps": 1, "epochs": 20}
@@ -129,8 +129,8 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     tf_runtime, private_tmpdir, strategy, victim
 ):
     from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tasks import prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare, train
 
     run = new_run(FAULT_PIPELINE)
     params = {
@@ -184,8 +184,8 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     import threading
     import time
 
+    from stratoflow.tasks import prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare, train
 
     # A rejoining worker needs training to go on while it starts (FAULT_PIPELINE).
     rejoins = strategy == "parameter_server"
@@ -230,7 +230,7 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
 def test_a_worker_that_fails_with_an_error_leaves_no_scratch_folder(tf_runtime, private_tmpdir):
     """Every worker raises after making its scratch folder: a batch larger than the dataset."""
     from stratoflow.distributed.launcher import ChildProcessFailed
-    from tasks import prepare, train
+    from stratoflow.tasks import prepare, train
 
     run = new_run("digits")
     params = {"strategy": "multi_worker_mirrored", "workers": 2, "batch_size": 4096}

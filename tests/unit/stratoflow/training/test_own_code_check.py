@@ -1,13 +1,15 @@
 """A pipeline's own code and data, checked by the run's first task before any training.
 
 Each pipeline here lives in a temporary folder on `STRATOFLOW_PIPELINES_PATH`, as a user's would.
-The first task (`tasks.prepare.prepare`, the body of `prepare_dataset`) prepares the dataset and
-checks the pipeline's code in a child process (`stratoflow.training.own_code_check`). Every
+The first task (`stratoflow.tasks.prepare.prepare`, the body of `prepare_dataset`) prepares the
+dataset and checks the pipeline's code in a child process (`stratoflow.training.own_code_check`).
+Every
 mistake is a `SpecError` naming the pipeline file and the field: the mistakes are tried on the
 child's own work in-process (`prepare_and_check_here`); through the first task, a refusal keeps
 its message, is a `SpecError` (the DAG's refusal rule fails it without retry,
-`dags/refusals.py`) and comes before any MLflow run; a child that dies fails the task with its
-last lines; and the child runs the pipeline's builder and preprocessing without the deployment's
+`stratoflow/dags/refusals.py`) and comes before any MLflow run; a child that dies fails the task
+with its last lines; and the child runs the pipeline's builder and preprocessing without the
+deployment's
 secrets. Then the bundled tabular pipelines train under the single-process strategies,
 in-process.
 """
@@ -26,7 +28,7 @@ import pytest
 from stratoflow.config import names
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import load_spec, parse_spec
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 from tests.support.images import write_bar_images
 
 DIGITS_SPEC = """\
@@ -76,7 +78,7 @@ def pipelines_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def refused(pipeline: str) -> str:
     """The first task's refusal message for `pipeline`; no MLflow run may exist afterwards."""
-    from tasks import prepare
+    from stratoflow.tasks import prepare
 
     run = AirflowRun(f"retrain_{pipeline}", f"manual__{uuid.uuid4().hex[:12]}")
     with pytest.raises(SpecError) as error:
@@ -191,7 +193,7 @@ def test_the_first_task_refuses_from_its_child_before_any_mlflow_run(
 @pytest.mark.integration
 def test_a_check_that_dies_fails_the_first_task_with_its_last_lines(pipelines_path: Path) -> None:
     from stratoflow.distributed.launcher import ChildProcessFailed
-    from tasks import prepare
+    from stratoflow.tasks import prepare
 
     dying = GOOD_MODEL + (
         "\nimport os, signal\n\n"
@@ -221,7 +223,7 @@ def test_the_first_task_runs_the_pipelines_code_without_the_deployments_secrets(
     import os
 
     from stratoflow.cli import main
-    from tasks import prepare
+    from stratoflow.tasks import prepare
     from tests.support.secret_sentinels import (
         MLFLOW_ACCOUNT,
         SECRET_VARIABLES,

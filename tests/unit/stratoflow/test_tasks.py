@@ -1,4 +1,5 @@
-"""The retrain DAG's task bodies (`tasks.prepare`, `train`, `evaluate`, `register`, `refresh`,
+"""The retrain DAG's task bodies (`stratoflow.tasks.prepare`, `train`, `evaluate`, `register`,
+`refresh`,
 `clean_up`) chained as Airflow would chain them, without Airflow: each result goes through JSON
 as through XCom, real child training processes, a real SQLite MLflow store, real signals for the
 fault tests."""
@@ -21,7 +22,7 @@ import pytest
 
 from stratoflow.config import locations, names
 from stratoflow.config.parsing import SpecError
-from tasks.run_context import AirflowRun
+from stratoflow.tasks.run_context import AirflowRun
 from tests.support.calls import counting_calls
 from tests.support.images import png_size
 from tests.support.processes import restorable_epoch
@@ -70,9 +71,9 @@ def digits_run(tf_runtime):
     Each task gets its inputs as Airflow hands them over: the JSON of the XCom, read anew."""
     from stratoflow.config.spec import parse_spec
     from stratoflow.config.training import check_training
+    from stratoflow.tasks import evaluate, prepare, register, train
+    from stratoflow.tasks.prepare import PreparedDataset
     from stratoflow.tracking import system_metrics
-    from tasks import evaluate, prepare, register, train
-    from tasks.prepare import PreparedDataset
 
     def prepared_from(xcom: dict[str, Any]) -> Any:
         return PreparedDataset.from_dict(json.loads(json.dumps(xcom)))
@@ -287,8 +288,8 @@ def test_a_successful_run_says_nothing_misleading(digits_run):
 def test_a_killed_training_process_fails_fast_and_the_retry_resumes(tf_runtime):
     """SIGKILL the training child after its first checkpoint; the retry resumes at epoch 2."""
     from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tasks import prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare, train
 
     run = new_run("mnist")
     # No restart inside the task: the Airflow retry is what this checks.
@@ -334,7 +335,7 @@ def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypat
     elsewhere); one that has it dials that cluster (here, a closed port)."""
     from stratoflow.config import clusters
     from stratoflow.distributed import cluster
-    from tasks import prepare, train
+    from stratoflow.tasks import prepare, train
 
     closed_port = cluster.free_ports(1)[0]
     jobs = {"worker": [f"127.0.0.1:{closed_port}"], "ps": [f"127.0.0.1:{closed_port}"]}
@@ -357,8 +358,8 @@ def test_a_later_task_uses_the_config_the_run_started_with(tf_runtime, monkeypat
 def test_a_failed_run_leaves_nothing_behind(tf_runtime):
     """Training fails for good (no TPU here): no version, no checkpoint, the MLflow run FAILED."""
     from stratoflow.distributed.launcher import ChildProcessFailed
+    from stratoflow.tasks import clean_up, prepare, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import clean_up, prepare, train
 
     run = new_run("digits")
     prepared = through_xcom(prepare.prepare("digits", {"strategy": "tpu"}, run))
@@ -380,8 +381,8 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime, tmp
     import shutil
 
     from stratoflow.config.spec import SPECS_DIR
+    from stratoflow.tasks import clean_up, evaluate, prepare, register, train
     from stratoflow.tracking import mlflow_runs
-    from tasks import clean_up, evaluate, prepare, register, train
 
     run = new_run("digits")
     prepared = through_xcom(prepare.prepare("digits", {"epochs": 1, "promote": False}, run))
@@ -403,7 +404,7 @@ def test_clean_up_removes_a_version_registered_by_the_failed_run(tf_runtime, tmp
 
 def test_bad_params_fail_before_any_work(tf_runtime):
     from stratoflow.config.parsing import SpecError
-    from tasks import prepare
+    from stratoflow.tasks import prepare
 
     with pytest.raises(SpecError, match="unknown key 'strategi'; allowed: strategy, replicas"):
         prepare.prepare("digits", {"strategi": "mirrored"}, new_run("digits"))
@@ -413,8 +414,8 @@ def test_bad_params_fail_before_any_work(tf_runtime):
 
 def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_runtime):
     from stratoflow.config.parsing import SpecError
+    from stratoflow.tasks import prepare
     from stratoflow.tracking import mlflow_runs
-    from tasks import prepare
 
     run = new_run("digits")  # digits' MLP has Dropout
     with pytest.raises(SpecError, match="run conf.strategy 'central_storage' cannot train"):
@@ -423,7 +424,7 @@ def test_central_storage_with_dropout_is_refused_before_an_mlflow_run_opens(tf_r
 
 
 def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, caplog):
-    from tasks import clean_up
+    from stratoflow.tasks import clean_up
 
     run = new_run("digits")
     (locations.run_dir(run.dag_id, run.run_id) / "checkpoints").mkdir(parents=True)
@@ -438,7 +439,7 @@ def test_the_clean_up_of_a_run_refused_at_once_does_not_ask_mlflow(monkeypatch, 
 
 
 def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
-    from tasks import clean_up
+    from stratoflow.tasks import clean_up
 
     dag_id = "retrain_digits"
     others = ["manual__2026-12-02T19:02:11+00:00", "manual__2026-12-02T19_02_11_00_00", "a.b", ".a"]
@@ -458,7 +459,7 @@ def test_the_clean_up_of_a_failed_run_removes_its_folder_and_no_other():
 def test_refresh_prepares_the_dataset_and_describes_it_for_the_asset_event(tf_runtime):
     from stratoflow.config.spec import load_spec
     from stratoflow.data import datasets
-    from tasks.refresh import RefreshedDataset, refresh_dataset
+    from stratoflow.tasks.refresh import RefreshedDataset, refresh_dataset
 
     result = refresh_dataset("stratoflow_digits")
     assert RefreshedDataset.from_dict(result.to_dict()) == result

@@ -18,11 +18,10 @@ from typing import Any
 
 from airflow.sdk import DAG, TriggerRule, task
 
-from dags import factory
 from stratoflow.config import names
 from stratoflow.config.params import benchmark_params
-from stratoflow.config.run_plan import load_pipeline
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.dags import factory
 
 
 def build_dag(spec: PipelineSpec) -> DAG:
@@ -52,7 +51,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
             on_failure_callback=factory.mark_benchmark_failed(pipeline),
         )
         def plan_strategies(**context: Any) -> list[dict[str, Any]]:
-            from tasks import strategy_benchmark
+            from stratoflow.tasks import strategy_benchmark
 
             run = factory.airflow_run(context)
             planned = strategy_benchmark.plan(pipeline, context["params"], run)
@@ -67,7 +66,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
             map_index_template="{{ task.op_kwargs['entry']['strategy'] }}",
         )
         def train_strategy(entry: dict[str, Any], **context: Any) -> dict[str, Any]:
-            from tasks import strategy_benchmark
+            from stratoflow.tasks import strategy_benchmark
 
             run = factory.airflow_run(context)
             planned = strategy_benchmark.PlannedStrategy.from_dict(entry)
@@ -81,7 +80,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         def compare_strategies(
             planned: list[dict[str, Any]] | None, **context: Any
         ) -> dict[str, Any]:
-            from tasks import strategy_benchmark
+            from stratoflow.tasks import strategy_benchmark
 
             run = factory.airflow_run(context)
             entries = (
@@ -97,11 +96,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
     return dag
 
 
-def _benchmark_of(pipeline: str) -> DAG | None:
-    spec = load_pipeline(pipeline)
-    # The recommendation compares test accuracies: classification pipelines only.
+def benchmark_dag(spec: PipelineSpec) -> DAG | None:
+    """The strategy benchmark DAG of a pipeline, or None: the recommendation compares test
+    accuracies, so classification pipelines only."""
     return build_dag(spec) if spec.task == "classification" else None
-
-
-# One DAG per classification pipeline that loads; `dags/pipeline_errors.py` shows the others.
-PIPELINE_ERRORS = factory.publish_pipelines(globals(), _benchmark_of)

@@ -14,11 +14,11 @@ the champion's skips every task, the reason in `prepare_dataset`'s log and XCom
 `skipped_because`, and opens no MLflow run; a manual run, or one with `force`, trains.
 
 A task that fails for good, a promotion and an evaluation gate that fails send a mail to the
-deployment's `STRATOFLOW_NOTIFY_EMAIL` (`dags/notifications.py`).
+deployment's `STRATOFLOW_NOTIFY_EMAIL` (`stratoflow/dags/notifications.py`).
 
 A pipeline with `promotion: {approval: required}` adds `approve_promotion` and
 `promote_champion`: a person approves the move of `champion` in the Airflow UI
-(`dags/approval.py`), after the version passed the gate and the serving check.
+(`stratoflow/dags/approval.py`), after the version passed the gate and the serving check.
 
 It runs on the pipeline's cron, and whenever its dataset's asset gets an event (the DAG
 `refresh_<dataset>` succeeded, or someone posted one through the REST API), whichever comes first.
@@ -37,12 +37,11 @@ from typing import Any
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
 
-from dags import approval, factory, notifications
 from stratoflow.config import names
 from stratoflow.config.assets import dataset_asset
 from stratoflow.config.params import dag_params
-from stratoflow.config.run_plan import load_pipeline
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.dags import approval, factory, notifications
 
 
 def schedule_for(spec: PipelineSpec) -> Any:
@@ -120,7 +119,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         @factory.refusing_task(task_id=names.PREPARE_TASK, multiple_outputs=False)
         def prepare_dataset(**context: Any) -> dict[str, Any]:
-            from tasks import prepare
+            from stratoflow.tasks import prepare
 
             run = factory.airflow_run(context)
             try:
@@ -130,16 +129,16 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         @factory.refusing_task(task_id=names.VALIDATE_DATA_TASK, multiple_outputs=False)
         def validate_data(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
-            from tasks import validate_data
-            from tasks.prepare import PreparedDataset
+            from stratoflow.tasks import validate_data
+            from stratoflow.tasks.prepare import PreparedDataset
 
             run = factory.airflow_run(context)
             return validate_data.validate_data(run, PreparedDataset.from_dict(prepared)).to_dict()
 
         @factory.refusing_task(task_id=names.TRAIN_TASK, multiple_outputs=False)
         def train_model(prepared: dict[str, Any], **context: Any) -> dict[str, Any]:
-            from tasks import train
-            from tasks.prepare import PreparedDataset
+            from stratoflow.tasks import train
+            from stratoflow.tasks.prepare import PreparedDataset
 
             run = factory.airflow_run(context)
             return train.train(run, PreparedDataset.from_dict(prepared)).to_dict()
@@ -148,9 +147,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
         def evaluate_model(
             prepared: dict[str, Any], trained: dict[str, Any], **context: Any
         ) -> dict[str, Any]:
-            from tasks import evaluate
-            from tasks.prepare import PreparedDataset
-            from tasks.train import TrainedModel
+            from stratoflow.tasks import evaluate
+            from stratoflow.tasks.prepare import PreparedDataset
+            from stratoflow.tasks.train import TrainedModel
 
             run = factory.airflow_run(context)
             return evaluate.evaluate(
@@ -168,10 +167,10 @@ def build_dag(spec: PipelineSpec) -> DAG:
             evaluated: dict[str, Any],
             **context: Any,
         ) -> dict[str, Any]:
-            from tasks import register
-            from tasks.evaluate import Evaluation
-            from tasks.prepare import PreparedDataset
-            from tasks.train import TrainedModel
+            from stratoflow.tasks import register
+            from stratoflow.tasks.evaluate import Evaluation
+            from stratoflow.tasks.prepare import PreparedDataset
+            from stratoflow.tasks.train import TrainedModel
 
             run = factory.airflow_run(context)
             return register.log_and_register(
@@ -191,9 +190,3 @@ def build_dag(spec: PipelineSpec) -> DAG:
         if spec.promotion.approval_required:
             approval.add_approval_steps(dag, spec, registered)
     return dag
-
-
-# One DAG per pipeline that loads; `dags/pipeline_errors.py` shows why the others did not.
-PIPELINE_ERRORS = factory.publish_pipelines(
-    globals(), lambda pipeline: build_dag(load_pipeline(pipeline))
-)

@@ -16,13 +16,12 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from dags import factory
 from stratoflow.config import names
 from stratoflow.config.assets import (
     dataset_asset,
-    datasets_in_use,
     pipelines_reading,
 )
+from stratoflow.dags import factory
 
 OWNER = "ml-platform"
 RETRIES = 1
@@ -49,7 +48,7 @@ def build_dag(dataset: str) -> DAG:
 
         @task(task_id=names.REFRESH_TASK, outlets=[asset], multiple_outputs=False)
         def refresh(**context: Any) -> dict[str, Any]:
-            from tasks.refresh import refresh_dataset
+            from stratoflow.tasks.refresh import refresh_dataset
 
             result = refresh_dataset(dataset).to_dict()
             context["outlet_events"][asset].extra = result  # travels with the asset event
@@ -57,6 +56,3 @@ def build_dag(dataset: str) -> DAG:
 
         refresh()
     return dag
-
-
-factory.publish(globals(), (build_dag(dataset) for dataset in datasets_in_use()))

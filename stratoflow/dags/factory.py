@@ -1,28 +1,28 @@
 """The Airflow DAG factory: what every stratoflow DAG shares, written once. It defines no DAG.
 
-The DAG files (`retrain.py`, `benchmark_strategies.py`, `refresh_datasets.py`) only wire their
+The DAG builders (`retrain.py`, `benchmark_strategies.py`, `refresh_datasets.py`) only wire their
 tasks: each task body imports its `tasks` module when it runs (parsing stays free of TensorFlow
 and MLflow), turns its XCom inputs into the typed results they stand for, calls one plain
 function and hands its result back as a small JSON dict. Everything else lives here: the start
 date, the run settings every DAG has, the Params, the task defaults from the pipeline spec, the
-refusal rule (`dags/refusals.py`) and the failure callbacks.
+refusal rule (`stratoflow/dags/refusals.py`) and the failure callbacks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from dags.refusals import no_retry_on_refusal
 from stratoflow.config import names
-from stratoflow.config.spec import PipelineSpec, list_pipelines, pipeline_problems
+from stratoflow.config.spec import PipelineSpec
+from stratoflow.dags.refusals import no_retry_on_refusal
 
 if TYPE_CHECKING:
-    from tasks.run_context import AirflowRun
+    from stratoflow.tasks.run_context import AirflowRun
 
 # Fixed and in the past: with catchup off, only the next scheduled slot (or a trigger) runs.
 START_DATE = datetime(2025, 1, 1, tzinfo=UTC)
@@ -52,8 +52,9 @@ def new_dag(
         max_active_runs=1,
         params={name: Param(**kwargs) for name, kwargs in (params or {}).items()},
         default_args=dict(defaults),
-        # The DAG files publish their DAGs by name (`publish`); no auto-registration, so that
-        # `dags/pipeline_errors.py` can import them for their errors without bagging them twice.
+        # `stratoflow.dags.publish` puts each DAG in the DAG file's globals by name; no
+        # auto-registration, so that building the DAGs only for their errors
+        # (`raise_pipeline_errors`) bags none of them.
         auto_register=False,
         **settings,
     )
@@ -90,10 +91,10 @@ def airflow_run(context: Any) -> AirflowRun:
     """The DAG run of a task's Airflow context, as the task bodies take it.
 
     Every task body and callback starts here, so the deployment's Airflow Connections
-    (`tasks.deployment_connections`) are applied to the process first.
+    (`stratoflow.tasks.deployment_connections`) are applied to the process first.
     """
-    from tasks.deployment_connections import apply_connections
-    from tasks.run_context import AirflowRun
+    from stratoflow.tasks.deployment_connections import apply_connections
+    from stratoflow.tasks.run_context import AirflowRun
 
     apply_connections()
     return AirflowRun.from_context(context)
@@ -113,58 +114,21 @@ def skip_the_rest(context: Any, reason: str) -> NoReturn:
     raise AirflowSkipException(reason)
 
 
-def publish(namespace: MutableMapping[str, Any], dags: Iterable[DAG]) -> None:
-    """Put each DAG in a DAG file's globals under its id, where Airflow's DagBag looks."""
-    for dag in dags:
-        namespace[dag.dag_id] = dag
-
-
-def publish_pipelines(
-    namespace: MutableMapping[str, Any], make_dag: Callable[[str], DAG | None]
-) -> list[str]:
-    """Publish one DAG per pipeline that loads; a pipeline that fails to load fails alone.
-
-    The failures are not raised here: Airflow marks every DAG of a file with an import error
-    stale (`_update_import_errors` in `airflow.dag_processing.collection`), and neither the API
-    nor the scheduler starts a run of a stale DAG. One user's broken pipeline would take every
-    other pipeline's DAG down with it. `dags/pipeline_errors.py`, a DAG file with no DAG of its
-    own, raises them instead.
-
-    Args:
-        namespace: the DAG file's globals.
-        make_dag: pipeline name → its DAG (loads and validates the spec), or None for a
-            pipeline this DAG file has no DAG for.
-
-    Returns:
-        The errors, one per pipeline (or path entry) that did not load, each naming its file and
-        field.
-    """
-    errors = [problem for _, problem in sorted(pipeline_problems().items())]
-    for pipeline in list_pipelines():
-        try:
-            dag = make_dag(pipeline)
-        except Exception as error:  # one pipeline's mistake must not hide the others
-            errors.append(f"pipeline {pipeline!r}: {error}")
-            continue
-        if dag is not None:
-            namespace[dag.dag_id] = dag
-    return errors
-
-
 # Failure callbacks. Airflow 3 calls a task's on_failure_callback only when it has failed for
 # good; a failure that will be retried calls on_retry_callback instead, so a retry keeps its
 # checkpoints.
 
 
 def clean_up_failed_run(pipeline: str) -> Callable[[Any], None]:
-    """A retrain task's failure callback: `tasks.clean_up.clean_up_failed_run` for its DAG run."""
+    """A retrain task's failure callback: `stratoflow.tasks.clean_up.clean_up_failed_run` for its
+    DAG run."""
 
     def clean_up_failed_run(context: Any) -> None:
-        from tasks import clean_up
+        from stratoflow.tasks import clean_up
 
         run = airflow_run(context)
         # A refusal in the first try of the first task came before any MLflow call
-        # (`tasks.prepare.prepare` resolves the config first): nothing to undo there.
+        # (`stratoflow.tasks.prepare.prepare` resolves the config first): nothing to undo there.
         refused_at_once = (
             context["ti"].task_id == names.PREPARE_TASK
             and run.try_number == 1
@@ -184,9 +148,9 @@ def end_runs_left_running(pipeline: str) -> Callable[[Any], None]:
     """
 
     def end_runs_left_running(context: Any) -> None:
-        from tasks import clean_up
-        from tasks.deployment_connections import apply_connections
-        from tasks.run_context import AirflowRun
+        from stratoflow.tasks import clean_up
+        from stratoflow.tasks.deployment_connections import apply_connections
+        from stratoflow.tasks.run_context import AirflowRun
 
         apply_connections()
         run = AirflowRun(context["dag"].dag_id, context["run_id"])
@@ -199,7 +163,7 @@ def mark_benchmark_failed(pipeline: str) -> Callable[[Any], None]:
     """A benchmark task's failure callback: mark the benchmark's parent MLflow run FAILED."""
 
     def mark_parent_failed(context: Any) -> None:
-        from tasks import strategy_benchmark
+        from stratoflow.tasks import strategy_benchmark
 
         strategy_benchmark.mark_parent_failed(pipeline, airflow_run(context))
 

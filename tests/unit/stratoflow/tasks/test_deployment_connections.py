@@ -9,7 +9,7 @@ import json
 import pytest
 
 from stratoflow.config.connections import ConnectionConfigError
-from tasks.deployment_connections import MlflowTrackingHook, apply_connections
+from stratoflow.tasks.deployment_connections import MlflowTrackingHook, apply_connections
 
 CONNECTION_ENV = "AIRFLOW_CONN_STRATOFLOW_MLFLOW"
 

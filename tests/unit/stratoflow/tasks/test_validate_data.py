@@ -16,10 +16,10 @@ import pytest
 from stratoflow.config import locations, names
 from stratoflow.config.run_plan import resolve_plan
 from stratoflow.data.statistics import STATISTICS_FILE
+from stratoflow.tasks import validate_data
+from stratoflow.tasks.prepare import PreparedDataset, write_statistics
+from stratoflow.tasks.run_context import AirflowRun
 from stratoflow.training.data_gate import DataGateError
-from tasks import validate_data
-from tasks.prepare import PreparedDataset, write_statistics
-from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 
 MODEL = "stratoflow-penguins"
@@ -80,7 +80,7 @@ def test_the_gate_compares_with_the_champions_statistics(
     mlflow_client, penguins, tmp_path, caplog
 ) -> None:
     reference, statistics, shifted = penguins
-    caplog.set_level(logging.INFO, logger="tasks.validate_data")
+    caplog.set_level(logging.INFO, logger="stratoflow.tasks.validate_data")
 
     run, prepared = prepared_run(mlflow_client, reference, statistics, {})
     first = validate_data.validate_data(run, prepared)

@@ -289,7 +289,7 @@ def test_every_task_retries_and_cleans_up_after_a_final_failure(
         assert task["owner"] == spec.owner, task_id
         assert task["retries"] == spec.retries, task_id
         assert task["retry_delay_s"] == spec.retry_delay_seconds, task_id
-        # The clean-up first, then the mail (`dags/notifications.py`).
+        # The clean-up first, then the mail (`stratoflow/dags/notifications.py`).
         assert task["failure_callbacks"] == 2, task_id
 
 
@@ -409,7 +409,8 @@ def test_the_form_rule_flags_a_required_empty_default() -> None:
     assert not _ui_form_errors({"strategies": {"schema": {"type": "array"}, "value": []}})
 
 
-# --- the strategy benchmark DAGs (dags/benchmark_strategies.py) ------------------------------
+# --- the strategy benchmark DAGs (stratoflow/dags/benchmark_strategies.py)
+# ------------------------------
 
 
 @pytest.mark.parametrize("pipeline", ["mnist", "digits"])

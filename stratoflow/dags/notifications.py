@@ -1,6 +1,7 @@
 """Mail about a retrain run, through Airflow's SMTP notifier: failures, gate results, promotions.
 
-Task callbacks of the retrain DAG (`dags/retrain.py` adds them beside the clean-up callback):
+Task callbacks of the retrain DAG (`stratoflow/dags/retrain.py` adds them beside the
+clean-up callback):
 
 - a task that failed for good (retries exhausted, or a refusal such as an invalid conf or a data
   gate): `<dag>: run <run> failed in <task>` (`refused in` for a refusal), the exception as the

@@ -1,4 +1,5 @@
-"""`dags/approval.py`: a pipeline asking for approval gets the approval steps, the others don't.
+"""`stratoflow/dags/approval.py`: a pipeline asking for approval gets the approval steps, the others
+don't.
 
 The test pipelines of `tests/support/pipelines/` (digits, with `promotion: {approval: required}`)
 are parsed as Airflow parses them: a fresh DagBag in its own process.
@@ -47,8 +48,8 @@ def test_the_request_offers_approve_or_reject_and_rejects_at_the_timeout(
 ) -> None:
     from airflow.providers.standard.operators.hitl import HITLOperator
 
-    from dags.retrain import build_dag
     from stratoflow.config.run_plan import load_pipeline
+    from stratoflow.dags.retrain import build_dag
 
     monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(TEST_PIPELINES))
     for pipeline, timeout in (("digits_approval", 3600), ("digits_approval_timeout", 5)):
@@ -78,11 +79,11 @@ class _TaskInstance:
 def test_no_one_is_asked_when_the_gate_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from dags.retrain import build_dag
     from stratoflow.config.run_plan import load_pipeline, resolve_plan
+    from stratoflow.dags.retrain import build_dag
+    from stratoflow.tasks.evaluate import Evaluation
+    from stratoflow.tasks.prepare import PreparedDataset
     from stratoflow.training.evaluation import GateDecision
-    from tasks.evaluate import Evaluation
-    from tasks.prepare import PreparedDataset
     from tests.unit.tasks.test_run_context import DATASET
 
     monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(TEST_PIPELINES))

@@ -1,4 +1,5 @@
-"""`tasks.approve` on a real SQLite MLflow store: the approver's report, and what an answer does.
+"""`stratoflow.tasks.approve` on a real SQLite MLflow store: the approver's report, and what an
+answer does.
 
 The versions are registered without training (a run with test metrics, a version of it): what
 is tested is the report and the aliases and tags an answer leaves, not a model.
@@ -17,11 +18,11 @@ import pytest
 from stratoflow.config import names
 from stratoflow.config.promotion import APPROVE, REJECT, PromotionSpec
 from stratoflow.config.spec import PipelineSpec, load_spec
+from stratoflow.tasks import approve
+from stratoflow.tasks.evaluate import Evaluation
+from stratoflow.tasks.register import Registration
+from stratoflow.tasks.run_context import AirflowRun
 from stratoflow.training.evaluation import GateCheck, GateDecision
-from tasks import approve
-from tasks.evaluate import Evaluation
-from tasks.register import Registration
-from tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 
 RUN = AirflowRun(dag_id="retrain_digits", run_id="manual__approval")

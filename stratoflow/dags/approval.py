@@ -5,12 +5,12 @@
 
 - `approve_promotion`: an Airflow human-in-the-loop request (Airflow 3.3's `HITLOperator`). The
   task waits in the state "awaiting input" (no worker slot, no triggerer) and shows its report
-  (`tasks.approve.approval_request`: the gate, the test metrics against the champion's) under the
-  run's "Required Actions" in the Airflow UI, with the buttons Approve and Reject. It is skipped,
-  asking no one, when the gate failed or the run's `promote` setting is off.
+  (`stratoflow.tasks.approve.approval_request`: the gate, the test metrics against the champion's)
+  under the run's "Required Actions" in the Airflow UI, with the buttons Approve and Reject. It is
+  skipped, asking no one, when the gate failed or the run's `promote` setting is off.
 - `promote_champion`: moves `champion` on "Approve"; on "Reject", or when the timeout passed (the
   scheduler then answers the request's default, "Reject"), leaves it where it was. Either way the
-  version and the MLflow run carry the outcome (`tasks.approve.decide`).
+  version and the MLflow run carry the outcome (`stratoflow.tasks.approve.decide`).
 
 Who may answer: an Airflow user allowed to edit the DAG's "HITL Detail" (FAB's roles User, Op
 and Admin); a Viewer sees the request but cannot answer it (the API answers 403).
@@ -25,10 +25,10 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowSkipException
 
-from dags import factory
 from stratoflow.config import names
 from stratoflow.config.promotion import APPROVE, REJECT
 from stratoflow.config.spec import PipelineSpec
+from stratoflow.dags import factory
 
 # Shown until the task has written its report (the request is made when the task runs).
 PENDING_SUBJECT = "Promote the new version to champion?"
@@ -53,10 +53,10 @@ class PromotionApproval(HITLOperator):
         )
 
     def execute(self, context: Any) -> Any:
-        from tasks import approve
-        from tasks.evaluate import Evaluation
-        from tasks.prepare import PreparedDataset
-        from tasks.register import Registration
+        from stratoflow.tasks import approve
+        from stratoflow.tasks.evaluate import Evaluation
+        from stratoflow.tasks.prepare import PreparedDataset
+        from stratoflow.tasks.register import Registration
 
         ti = context["ti"]
         request = approve.approval_request(
@@ -97,8 +97,8 @@ def add_approval_steps(dag: DAG, spec: PipelineSpec, registered: Any) -> None:
     def promote_champion(
         registration: dict[str, Any], response: dict[str, Any], **context: Any
     ) -> dict[str, Any]:
-        from tasks import approve
-        from tasks.register import Registration
+        from stratoflow.tasks import approve
+        from stratoflow.tasks.register import Registration
 
         run = factory.airflow_run(context)
         return approve.decide(run, Registration.from_dict(registration), response).to_dict()

@@ -12,8 +12,8 @@ import pytest
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.run_plan import resolve_variant
 from stratoflow.config.training import check_training
-from tasks import strategy_benchmark
-from tasks.run_context import AirflowRun
+from stratoflow.tasks import strategy_benchmark
+from stratoflow.tasks.run_context import AirflowRun
 from tests.conftest import fresh_mlflow_client
 from tests.support.calls import counting_calls
 

@@ -12,20 +12,20 @@ import pytest
 from stratoflow.config.features import Features, Target
 from stratoflow.config.run_plan import RunPlan, resolve_plan
 from stratoflow.data.datasets import DatasetRef
-from stratoflow.training.evaluation import GateCheck, GateDecision
-from tasks.evaluate import Evaluation
-from tasks.prepare import PreparedDataset
-from tasks.refresh import PreparedVersion, RefreshedDataset
-from tasks.register import Registration
-from tasks.run_context import PayloadError
-from tasks.strategy_benchmark import (
+from stratoflow.tasks.evaluate import Evaluation
+from stratoflow.tasks.prepare import PreparedDataset
+from stratoflow.tasks.refresh import PreparedVersion, RefreshedDataset
+from stratoflow.tasks.register import Registration
+from stratoflow.tasks.run_context import PayloadError
+from stratoflow.tasks.strategy_benchmark import (
     BenchmarkOutcome,
     PlannedStrategy,
     StrategyResult,
     benchmark_spec,
 )
-from tasks.train import TrainedModel
-from tasks.validate_data import DataGateResult
+from stratoflow.tasks.train import TrainedModel
+from stratoflow.tasks.validate_data import DataGateResult
+from stratoflow.training.evaluation import GateCheck, GateDecision
 
 DATASET = DatasetRef(
     name="stratoflow_digits",

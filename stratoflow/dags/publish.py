@@ -1,0 +1,123 @@
+"""Publish stratoflow's DAGs into an Airflow: the call a file in a team's DAGs folder makes.
+
+    # stratoflow_dags.py, in the DAGs folder: Airflow parses it for stratoflow's DAGs.
+    from stratoflow.dags import publish
+
+    publish(globals(), pipelines="/opt/airflow/ml_pipelines")
+
+That file gets, for each pipeline found in the folders it names, the DAGs `retrain_<pipeline>` and
+(classification pipelines) `benchmark_strategies_<pipeline>`, and one `refresh_<dataset>` per
+dataset they read. The bundled examples join only with `examples=True`.
+
+A pipeline that does not load is left out, alone: Airflow marks every DAG of a file that raises
+stale, and a stale DAG can be neither triggered nor scheduled, so one broken pipeline would take
+all the others down. A second file shows the failures as its import error, in the UI's "DAG Import
+Errors", and defines no DAG:
+
+    # stratoflow_pipeline_errors.py: why a pipeline has no Airflow DAG.
+    from stratoflow.dags import raise_pipeline_errors
+
+    raise_pipeline_errors(pipelines="/opt/airflow/ml_pipelines")
+
+Airflow's DAG processor reads a file only if it contains the words "airflow" and "dag" (its safe
+mode): the comments above are there for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+from airflow.sdk import DAG
+
+from stratoflow.config.assets import datasets_in_use
+from stratoflow.config.discovery import use_pipelines
+from stratoflow.config.run_plan import load_pipeline
+from stratoflow.config.spec import list_pipelines, pipeline_problems
+from stratoflow.dags import benchmark_strategies, refresh_datasets, retrain
+
+Folders = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+class PipelineError(Exception):
+    """One or more pipelines could not become DAGs; the message names each file and field."""
+
+
+def publish(
+    namespace: MutableMapping[str, Any],
+    pipelines: Folders = (),
+    *,
+    only: Iterable[str] | None = None,
+    examples: bool = False,
+) -> list[str]:
+    """Put the DAGs of the pipelines found into a DAG file's globals, where Airflow looks.
+
+    Args:
+        namespace: the calling DAG file's `globals()`.
+        pipelines: a folder of pipeline folders (or one pipeline folder), or several; they join
+            the entries of `$STRATOFLOW_PIPELINES_PATH`, which stay.
+        only: the names of the pipelines to publish; all that are found when None. A name not
+            found is reported as an error.
+        examples: also find the bundled example pipelines (mnist, digits, penguins, diabetes).
+
+    Returns:
+        Why each pipeline that did not load has no DAG, naming its file and field
+        (`raise_pipeline_errors` raises them from a file of its own).
+    """
+    dags, errors = build_dags(pipelines, only=only, examples=examples)
+    for dag in dags:
+        namespace[dag.dag_id] = dag
+    return errors
+
+
+def raise_pipeline_errors(
+    pipelines: Folders = (), *, only: Iterable[str] | None = None, examples: bool = False
+) -> None:
+    """Raise `PipelineError` listing every pipeline `publish` (same arguments) leaves out.
+
+    Call it from a DAG file of its own, which then defines no DAG.
+
+    Raises:
+        PipelineError: one or more pipelines did not load; one line each, with its file and field.
+    """
+    _, errors = build_dags(pipelines, only=only, examples=examples)
+    if errors:
+        raise PipelineError(
+            f"{len(errors)} pipeline(s) could not be loaded:\n"
+            + "\n".join(f"- {error}" for error in errors)
+        )
+
+
+def build_dags(
+    pipelines: Folders = (), *, only: Iterable[str] | None = None, examples: bool = False
+) -> tuple[list[DAG], list[str]]:
+    """The DAGs of the pipelines that load, and why each of the others did not (see `publish`)."""
+    use_pipelines(_folders(pipelines), examples=examples)
+    found = list_pipelines()
+    wanted = found if only is None else list(dict.fromkeys(only))
+    errors = [problem for name, problem in sorted(pipeline_problems().items()) if name in wanted]
+    errors += [
+        f"pipeline {name!r} is not among the pipelines found ({', '.join(found) or 'none'})"
+        for name in wanted
+        if name not in found and name not in pipeline_problems()
+    ]
+    dags: list[DAG] = []
+    datasets: set[str] = set()
+    for name in (name for name in wanted if name in found):
+        try:  # one pipeline's mistake must not hide the others
+            spec = load_pipeline(name)
+            pipeline_dags = [retrain.build_dag(spec), benchmark_strategies.benchmark_dag(spec)]
+        except Exception as error:
+            errors.append(f"pipeline {name!r}: {error}")
+            continue
+        dags += [dag for dag in pipeline_dags if dag is not None]
+        datasets.add(spec.dataset.name)
+    dags += [refresh_datasets.build_dag(name) for name in datasets_in_use() if name in datasets]
+    return dags, errors
+
+
+def _folders(pipelines: Folders) -> list[str | os.PathLike[str]]:
+    if isinstance(pipelines, str | os.PathLike):
+        return [pipelines]
+    return list(pipelines)
