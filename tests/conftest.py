@@ -73,7 +73,7 @@ SLOWEST_UNITS_FIRST = (
     "tests/unit/stratoflow/training/test_strategies_equivalence.py",
     "tests/integration/test_benchmark_dag.py",
     "tests/integration/test_standing_cluster.py",
-    "tests/unit/test_tasks.py",
+    "tests/unit/stratoflow/test_tasks.py",
 )
 
 

@@ -94,13 +94,16 @@ def build_dags(
 ) -> tuple[list[DAG], list[str]]:
     """The DAGs of the pipelines that load, and why each of the others did not (see `publish`)."""
     use_pipelines(_folders(pipelines), examples=examples)
-    found = list_pipelines()
+    found, problems = list_pipelines(), pipeline_problems()
     wanted = found if only is None else list(dict.fromkeys(only))
-    errors = [problem for name, problem in sorted(pipeline_problems().items()) if name in wanted]
+    # Every problem when all are published (a path entry's too); else those of the names asked.
+    errors = [
+        problem for name, problem in sorted(problems.items()) if only is None or name in wanted
+    ]
     errors += [
         f"pipeline {name!r} is not among the pipelines found ({', '.join(found) or 'none'})"
         for name in wanted
-        if name not in found and name not in pipeline_problems()
+        if name not in found and name not in problems
     ]
     dags: list[DAG] = []
     datasets: set[str] = set()

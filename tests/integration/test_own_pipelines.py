@@ -7,7 +7,7 @@ which `airflow dags test` is given as sentinels); and the bundled
 regression pipeline (diabetes), which passes its MAE gate and registers a champion that answers
 with predictions; then both champions served over HTTP by `stratoflow serve-model`. A broken user
 pipeline is tested where Airflow parses it
-(`tests/unit/test_dags.py`)."""
+(`tests/unit/stratoflow/test_dags.py`)."""
 
 from __future__ import annotations
 

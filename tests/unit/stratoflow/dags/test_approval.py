@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from stratoflow.config import locations
-from tests.unit.test_dags import HEAVY_MODULES, TASK_IDS, _parse
+from tests.unit.stratoflow.test_dags import HEAVY_MODULES, TASK_IDS, _parse
 
 TEST_PIPELINES = locations.PROJECT_ROOT / "tests" / "support" / "pipelines"
 APPROVAL_TASKS = ["approve_promotion", "promote_champion"]
@@ -84,7 +84,7 @@ def test_no_one_is_asked_when_the_gate_failed(monkeypatch: pytest.MonkeyPatch) -
     from stratoflow.tasks.evaluate import Evaluation
     from stratoflow.tasks.prepare import PreparedDataset
     from stratoflow.training.evaluation import GateDecision
-    from tests.unit.tasks.test_run_context import DATASET
+    from tests.unit.stratoflow.tasks.test_run_context import DATASET
 
     monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(TEST_PIPELINES))
     approval = build_dag(load_pipeline("digits_approval")).task_dict["approve_promotion"]
