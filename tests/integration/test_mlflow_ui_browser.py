@@ -9,13 +9,8 @@ Playwright; `.ci/run` installs it). The screenshot is kept in `test-artifacts/`.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -24,6 +19,7 @@ import pytest
 from stratoflow.cli import main
 from stratoflow.config import locations, names
 from tests.support.images import colour_pixels, png_size
+from tests.support.mlflow_server import mlflow_server as running_mlflow_server
 
 pytestmark = pytest.mark.integration
 
@@ -38,71 +34,19 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ARTIFACTS_DIR = locations.PROJECT_ROOT / "test-artifacts"
-SERVER_START_SECONDS = 180
 PAGE_RENDER_MS = 120_000
 STRATEGIES = ("one_device", "mirrored")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """`mlflow server` on 127.0.0.1 and a free port; MLFLOW_TRACKING_URI points at it."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",  # ~400 MB instead of ~1.5 GB
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "DO_NOT_TRACK": "true",
-    }
-    log = (folder / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{folder / 'mlflow.db'}",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=folder,
-    )
-    try:
-        deadline = time.monotonic() + SERVER_START_SECONDS
-        while True:
-            assert server.poll() is None, (folder / "server.log").read_text()[-3000:]
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not come up"
-                time.sleep(0.5)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv(locations.TRACKING_URI_ENV, url)
-            yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+    with (
+        running_mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as url,
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        patch.setenv(locations.TRACKING_URI_ENV, url)
+        yield url
 
 
 @pytest.fixture(scope="module")
