@@ -4,8 +4,7 @@ With `promotion.approval: required` (`stratoflow.config.promotion`), `log_and_re
 registers the version with `challenger` only; the retrain DAG then asks a person in the Airflow
 UI (`approve_promotion`, a human-in-the-loop task, `stratoflow/dags/approval.py`), showing the
 report `approval_request` writes; `promote_champion` (`decide`) moves `champion` only on "Approve".
-A
-"Reject", or no answer before the timeout (the request's default answer is "Reject"), leaves
+A "Reject", or no answer before the timeout (the request's default answer is "Reject"), leaves
 `champion` where it was, and the version and the MLflow run say so in their tags.
 
 The report is a typed object (`ApprovalReport`, `to_dict()`), made of sections; a new check adds

@@ -1,11 +1,10 @@
 """Clean-up after a DAG run failed or was stopped: its MLflow runs, model versions and folder.
 
 The retrain DAG's failure callbacks (`stratoflow/dags/factory.py`) and `stratoflow run`'s stop
-handling call these; they take the pipeline and the DAG run, never a task's result (the task may not
-have any),
-and read no pipeline spec (it may have changed since the run, or no longer load): the MLflow runs
-are found by the DAG run's tags in the pipeline's experiment, and the registered model is the one
-the run's plan named, as the run recorded it (its `registered_model` param).
+handling call these; they take the pipeline and the DAG run, never a task's result (the task may
+not have any), and read no pipeline spec (it may have changed since the run, or no longer load):
+the MLflow runs are found by the DAG run's tags in the pipeline's experiment, and the registered
+model is the one the run's plan named, as the run recorded it (its `registered_model` param).
 """
 
 from __future__ import annotations

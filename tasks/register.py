@@ -44,8 +44,7 @@ def log_and_register(
     examples as the evaluated model did (`check_serving`), and no person must approve it first
     (`promotion.approval`: `stratoflow.tasks.approve` then moves it, and is skipped when the check
     failed); otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is
-    finished
-    and its checkpoints removed.
+    finished and its checkpoints removed.
     """
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry

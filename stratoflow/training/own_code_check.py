@@ -11,8 +11,7 @@ TensorFlow for it.
 A refusal (the spec's data or code does not fit) comes back as a `SpecError` naming the pipeline
 file and the field, so the DAG fails the task without a retry (`stratoflow/dags/refusals.py`). Any
 other failure of the child (an error, a crash, a kill) fails the task with the child's last log
-lines,
-and Airflow's retries apply.
+lines, and Airflow's retries apply.
 
 Run as `python -m stratoflow.training.own_code_check PAYLOAD RESULT` by `prepare_and_check`.
 """
