@@ -28,7 +28,7 @@ PIPELINES_PATH_ENV = "STRATOFLOW_PIPELINES_PATH"
 # "0" leaves the bundled examples out; `stratoflow.dags.publish` sets it from its `examples`.
 EXAMPLES_ENV = "STRATOFLOW_EXAMPLE_PIPELINES"
 # The `stratoflow.pipelines` package holds the bundled pipeline folders: located, never imported.
-BUNDLED_DIR = Path(str(resources.files("stratoflow.pipelines")))
+BUNDLED_DIR = Path(str(resources.files("stratoflow.pipelines"))).resolve()
 # A pipeline name becomes a DAG id suffix and the name of a Python package (its own modules).
 NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
