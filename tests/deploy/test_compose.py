@@ -82,6 +82,7 @@ STACK_AIRFLOW_ENV_KEYS = frozenset(
         "MLFLOW_TRACKING_URI",
         "MLFLOW_TRACKING_USERNAME",
         "STRATOFLOW_PIPELINES_PATH",
+        "STRATOFLOW_NOTIFY_EMAIL",
         "MLFLOW_TRACKING_PASSWORD",
         "MLFLOW_DISABLE_TELEMETRY",
         "STRATOFLOW_HOME",
@@ -602,6 +603,7 @@ COMPOSE_ONLY_AIRFLOW_ENV = {
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",  # Airflow's default, stated for operators
     # The containers' mount of the team's pipelines; the local stack passes on the user's own.
     "STRATOFLOW_PIPELINES_PATH",
+    "STRATOFLOW_NOTIFY_EMAIL",  # from .env; the local stack passes on the user's own
 }
 # The Ray settings are in both: compose reaches its Ray head through Ray Client, the local stack
 # its own head (`services up --ray`; empty address without one).
