@@ -39,9 +39,12 @@ install: $(INSTALLED)
 # install holds already (every set without gpu) is only stamped when that install is current.
 # tensorflow and tensorflow-cpu install the same files: with gpu, uv is told to drop
 # tensorflow-cpu (an override whose marker never holds) and tensorflow is installed afresh.
-# Bytecode compiled once, here: where PYTHONDONTWRITEBYTECODE is set (as on the machines this
-# was measured on), every process would otherwise recompile TensorFlow's sources on each
-# import, about three times slower (docs/BENCHMARKS.md, "Facts").
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the machines this was measured on),
+# every process would recompile TensorFlow's sources on each import, about three times slower
+# (docs/BENCHMARKS.md, "Facts"). The tests and the stack start many processes at once: their
+# installs compile the whole venv, on every core. The base install compiles nothing:
+# `make run` lets its processes write the bytecode of what they import, 7,300 of its 17,300
+# modules, once (a cold `make run` 112 s instead of 189 s: docs/reference/install.md).
 $(VENV)/.installed-%: pyproject.toml Makefile
 	@if [ "$*" != dev ] && [ -z "$(findstring gpu,$*)" ] && [ $(INSTALLED) -nt pyproject.toml ] \
 		&& [ $(INSTALLED) -nt Makefile ]; then touch $@; exit 0; fi; \
@@ -52,11 +55,12 @@ $(VENV)/.installed-%: pyproject.toml Makefile
 	$(BIN)/uv pip uninstall --python $(BIN)/python tensorflow-cpu;) \
 	$(BIN)/uv pip install --python $(BIN)/python -e '.$(if $(filter base,$*),,[$(subst -,$(comma),$*)])' \
 		$(if $(findstring gpu,$*),--override $(VENV)/gpu-overrides.txt --reinstall-package tensorflow); \
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null; \
+	$(if $(filter dev services,$(subst -, ,$*)),$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null;) \
 	touch $@
 
+# An empty PYTHONDONTWRITEBYTECODE lets Python write bytecode (see the install above).
 run: $(RUN_INSTALLED)
-	$(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
+	PYTHONDONTWRITEBYTECODE= $(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
 
 # Two pytest-xdist workers, one per core: the suite keeps both cores busy while one test waits on
 # a server or a scheduler (tests/conftest.py groups the tests that share fixtures). A third worker
