@@ -15,9 +15,10 @@ PYTEST_ARGS ?=
 	docs docs-serve
 
 # What each target installs (pyproject.toml's extras, docs/reference/install.md): `make run` the
-# base install only; `make services` the services extra (and ray with RAY=1); the tests, linters,
-# docs and benchmarks the dev extra, which holds every other (`make install`, as CI and the README
-# use it). GPU=1 adds the gpu extra: TensorFlow with CUDA in place of tensorflow-cpu.
+# base install only; `make services` the services extra (and ray with RAY=1); the tests, linters and
+# benchmarks the dev extra, which holds every other but gpu (`make install`: everything the tests
+# need); `make docs` the docs extra. GPU=1 adds the gpu extra: TensorFlow with CUDA in place of
+# tensorflow-cpu (set it on every make command of a GPU host).
 comma := ,
 empty :=
 space := $(empty) $(empty)
@@ -44,7 +45,8 @@ install: $(INSTALLED)
 # (docs/BENCHMARKS.md, "Facts"). The tests and the stack start many processes at once: their
 # installs compile the whole venv, on every core. The base install compiles nothing:
 # `make run` lets its processes write the bytecode of what they import, 7,300 of its 17,300
-# modules, once (a cold `make run` 112 s instead of 189 s: docs/reference/install.md).
+# modules, once (a cold `make run` spends 68-71 s of CPU instead of 96 s with the whole venv
+# compiled: docs/reference/install.md).
 $(VENV)/.installed-%: pyproject.toml Makefile
 	@if [ "$*" != dev ] && [ -z "$(findstring gpu,$*)" ] && [ $(INSTALLED) -nt pyproject.toml ] \
 		&& [ $(INSTALLED) -nt Makefile ]; then touch $@; exit 0; fi; \
