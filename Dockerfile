@@ -8,8 +8,8 @@
 #
 # The base is the official Airflow image at the exact release pyproject.toml pins
 # (apache-airflow==3.3.*): it brings Airflow, its providers (postgres: psycopg2 and psycopg 3;
-# fab, the auth manager, which `pip install .` sets to the version pyproject.toml pins), the
-# entrypoint, dumb-init and curl.
+# fab, the auth manager, which the project's `services` extra sets to the version pyproject.toml
+# pins), the entrypoint, dumb-init and curl.
 FROM apache/airflow:3.3.2-python3.11
 
 # root (numeric ids: hadolint DL3066)
@@ -33,7 +33,9 @@ COPY --chown=airflow:0 deploy ./deploy
 # The project with the dependencies it pins (TensorFlow, Keras, MLflow, TFDS...), baked into the
 # image rather than installed at every start (_PIP_ADDITIONAL_REQUIREMENTS). Naming
 # apache-airflow at the base image's version keeps pip from moving Airflow while it resolves.
-RUN pip install --no-cache-dir "apache-airflow[postgres]==${AIRFLOW_VERSION}" .
+# Extras: `services` (PostgreSQL, the FAB auth manager) and `ray` (the compose file's Ray nodes
+# and the tasks that drive them); docs/reference/install.md.
+RUN pip install --no-cache-dir "apache-airflow[postgres]==${AIRFLOW_VERSION}" ".[services,ray]"
 
 # Defaults for every container; docker-compose.yml sets the same values explicitly.
 ENV STRATOFLOW_HOME=/opt/stratoflow/home \

@@ -6,8 +6,6 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Touched after a successful install; pyproject.toml (or this file) changing makes it stale.
-INSTALLED := $(VENV)/.stratoflow-installed
 
 PIPELINE ?= mnist
 CONF ?= {}
@@ -16,20 +14,55 @@ PYTEST_ARGS ?=
 .PHONY: install run test lint bench clean-state services services-status services-stop system-packages \
 	docs docs-serve
 
+# What each target installs (pyproject.toml's extras, docs/reference/install.md): `make run` the
+# base install only; `make services` the services extra (and ray with RAY=1); the tests, linters and
+# benchmarks the dev extra, which holds every other but gpu (`make install`: everything the tests
+# need); `make docs` the docs extra. GPU=1 adds the gpu extra: TensorFlow with CUDA in place of
+# tensorflow-cpu (set it on every make command of a GPU host).
+comma := ,
+empty :=
+space := $(empty) $(empty)
+GPU ?=
+RAY ?=
+RUN_EXTRAS := $(if $(GPU),gpu)
+SERVICES_EXTRAS := services $(if $(RAY),ray) $(if $(GPU),gpu)
+DEV_EXTRAS := dev $(if $(GPU),gpu)
+# A stamp per set of extras, touched after its install succeeded (`.installed-services-ray`);
+# pyproject.toml (or this file) changing makes it stale.
+installed = $(VENV)/.installed-$(subst $(space),-,$(or $(strip $(1)),base))
+INSTALLED := $(call installed,$(DEV_EXTRAS))
+RUN_INSTALLED := $(call installed,$(RUN_EXTRAS))
+SERVICES_INSTALLED := $(call installed,$(SERVICES_EXTRAS))
+
 install: $(INSTALLED)
 
-# Bytecode compiled once, here: where PYTHONDONTWRITEBYTECODE is set (as on the machines this
-# was measured on), every process would otherwise recompile TensorFlow's sources on each
-# import, about three times slower (docs/BENCHMARKS.md, "Facts").
-$(INSTALLED): pyproject.toml Makefile
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	test -x $(BIN)/uv || $(BIN)/pip install uv
-	$(BIN)/uv pip install --python $(BIN)/python -e '.[dev]'
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null
+# `.installed-base` installs `.`, `.installed-services-ray` `.[services,ray]`. A set the dev
+# install holds already (every set without gpu) is only stamped when that install is current.
+# tensorflow and tensorflow-cpu install the same files: with gpu, uv is told to drop
+# tensorflow-cpu (an override whose marker never holds) and tensorflow is installed afresh.
+# Bytecode: where PYTHONDONTWRITEBYTECODE is set (as on the machines this was measured on),
+# every process would recompile TensorFlow's sources on each import, about three times slower
+# (docs/BENCHMARKS.md, "Facts"). The tests and the stack start many processes at once: their
+# installs compile the whole venv, on every core. The base install compiles nothing:
+# `make run` lets its processes write the bytecode of what they import, 7,300 of its 17,300
+# modules, once (a cold `make run` spends 68-71 s of CPU instead of 96 s with the whole venv
+# compiled: docs/reference/install.md).
+$(VENV)/.installed-%: pyproject.toml Makefile
+	@if [ "$*" != dev ] && [ -z "$(findstring gpu,$*)" ] && [ $(INSTALLED) -nt pyproject.toml ] \
+		&& [ $(INSTALLED) -nt Makefile ]; then touch $@; exit 0; fi; \
+	set -ex; \
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); \
+	test -x $(BIN)/uv || $(BIN)/pip install uv; \
+	$(if $(findstring gpu,$*),echo "tensorflow-cpu ; sys_platform == 'never'" > $(VENV)/gpu-overrides.txt; \
+	$(BIN)/uv pip uninstall --python $(BIN)/python tensorflow-cpu;) \
+	$(BIN)/uv pip install --python $(BIN)/python -e '.$(if $(filter base,$*),,[$(subst -,$(comma),$*)])' \
+		$(if $(findstring gpu,$*),--override $(VENV)/gpu-overrides.txt --reinstall-package tensorflow); \
+	$(if $(filter dev services,$(subst -, ,$*)),$(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null;) \
 	touch $@
 
-run: $(INSTALLED)
-	$(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
+# An empty PYTHONDONTWRITEBYTECODE lets Python write bytecode (see the install above).
+run: $(RUN_INSTALLED)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/stratoflow run $(PIPELINE) --conf '$(CONF)'
 
 # Two pytest-xdist workers, one per core: the suite keeps both cores busy while one test waits on
 # a server or a scheduler (tests/conftest.py groups the tests that share fixtures). A third worker
@@ -61,13 +94,13 @@ bench: $(INSTALLED)
 # The deployment as local processes: PostgreSQL, MLflow server, Airflow api-server, scheduler,
 # dag-processor, triggerer (all on 127.0.0.1, free ports; state in .stratoflow/services).
 # RAY=1 also starts a single-node Ray head on 127.0.0.1 for `launcher: ray` runs.
-services: $(INSTALLED)
+services: $(SERVICES_INSTALLED)
 	$(BIN)/stratoflow services up $(if $(RAY),--ray)
 
-services-status: $(INSTALLED)
+services-status: $(RUN_INSTALLED)
 	$(BIN)/stratoflow services status
 
-services-stop: $(INSTALLED)
+services-stop: $(RUN_INSTALLED)
 	$(BIN)/stratoflow services down
 
 lint: $(INSTALLED)
@@ -80,10 +113,10 @@ lint: $(INSTALLED)
 # Material's notice about its end of life, printed on every build.
 DOCS_ENV := NO_MKDOCS_2_WARNING=1
 DOCS_PORT ?= 8000
-docs: $(INSTALLED)
+docs: $(call installed,docs)
 	$(DOCS_ENV) $(BIN)/mkdocs build --strict
 
-docs-serve: $(INSTALLED)
+docs-serve: $(call installed,docs)
 	$(DOCS_ENV) $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # The local state of `make run`: Airflow home and metadata DB, MLflow store, TFDS data, run dirs.

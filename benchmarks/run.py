@@ -642,8 +642,9 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "step and the training process `gc.freeze()` the heap (exit now ~0.2 s).",
             "- Python bytecode: with `PYTHONDONTWRITEBYTECODE` set, each process recompiled "
             "TensorFlow's sources on import (tensorflow + keras: 19.6 s instead of 7.1 s); "
-            "`make install` now compiles the venv once. This shortened every task that imports "
-            "TensorFlow, the training process's start most.",
+            "`make install` now compiles the venv once (`make run` lets its processes write the "
+            "bytecode of what they import instead: docs/reference/install.md). This shortened "
+            "every task that imports TensorFlow, the training process's start most.",
             "- Still paid inside the tasks: TensorFlow's import in the training process and "
             "again in the Airflow process for evaluate_model (the training runs in a child by "
             "design, so a native crash cannot take the task down); MLflow's import.",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stratoflow.cli.tables import format_table
-from stratoflow.config import discovery, names, scaffold
+from stratoflow.config import discovery, extras, names, scaffold
 from stratoflow.config.clusters import ClusterConfigError
 from stratoflow.config.params import benchmark_params
 from stratoflow.config.parsing import SpecError
@@ -394,6 +394,14 @@ def _serve_model(args: argparse.Namespace) -> int:
 def _services(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.action == "up":  # before anything starts: the stack's parts come with extras
+        try:
+            extras.require("services", "stratoflow services up")
+            if args.ray:
+                extras.require("ray", "stratoflow services up --ray")
+        except extras.MissingExtra as error:
+            log.error("%s", error)
+            return 1
     from stratoflow import services
 
     state = Path(args.state_dir) if args.state_dir else services.default_state_dir()

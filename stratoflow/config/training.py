@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stratoflow.config import clusters
+from stratoflow.config import clusters, extras
 from stratoflow.config.options import (
     LAUNCHERS,
     LOOPS,
@@ -374,6 +374,11 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
             f"{where}.cluster (standing servers) cannot be combined with launcher 'ray': the "
             "Ray launcher starts the whole cluster itself; clear one of them"
         )
+    if training.launcher == "ray":
+        try:
+            extras.require("ray", f"{where}.launcher 'ray'")
+        except extras.MissingExtra as error:
+            raise SpecError(str(error)) from None
     if training.launcher != "ray" and training.ray_cluster:
         raise SpecError(
             f"{where}.ray_cluster applies to launcher 'ray' only; set launcher 'ray' or clear it"

@@ -718,8 +718,10 @@ def test_dockerfile_extends_the_pinned_airflow_and_installs_the_project(
                 assert not excluded, (
                     f".dockerignore {excluded} drops {source}, which the image needs"
                 )
-    assert re.search(r"pip install [^\n]*\s\.\s*$", text, re.MULTILINE), (
-        "Dockerfile: the project is not installed (`pip install ... .`)"
+    # With the extras the stack uses: the FAB auth manager and PostgreSQL, Ray's nodes and driver.
+    assert re.search(r"pip install [^\n]*\s\"\.\[services,ray\]\"\s*$", text, re.MULTILINE), (
+        "Dockerfile: the project is not installed with the stack's extras "
+        '(`pip install ... ".[services,ray]"`)'
     )
     users = [line.split()[1] for line in instructions if line.upper().startswith("USER ")]
     assert users and users[-1] not in ("0", "root"), "Dockerfile: the image must not run as root"
