@@ -2,7 +2,7 @@
 
 The wheel is built from this checkout and installed into a fresh virtualenv beside a plain
 Airflow 3.3, with no checkout on the path and the current directory elsewhere. The team's DAGs
-folder already holds its own `stratoflow.tasks.py`, a `pipelines/` package and a `dags_helpers` module, used
+folder already holds its own `tasks.py`, a `pipelines/` package and a `dags_helpers` module, used
 by a DAG of its own, plus the two small files that publish stratoflow's DAGs for a pipelines folder
 outside it (docs/how-to/your-airflow.md). The MLflow server is named only by the Airflow
 Connection `stratoflow_mlflow`, added with `airflow connections add`. There, `airflow dags test`
@@ -36,7 +36,7 @@ PIPELINE = "team_digits"
 
 TEAM_FILES = {
     # Generic names a team's DAGs folder commonly has; Airflow puts the folder on sys.path.
-    "stratoflow.tasks.py": 'OWNER = "team"\n',
+    "tasks.py": 'OWNER = "team"\n',
     "pipelines/__init__.py": 'OWNER = "team"\n',
     "dags_helpers.py": 'OWNER = "team"\n',
     "team_report.py": textwrap.dedent(
