@@ -35,7 +35,7 @@ COPY --chown=airflow:0 deploy ./deploy
 # apache-airflow at the base image's version keeps pip from moving Airflow while it resolves.
 # Extras: `services` (PostgreSQL, the FAB auth manager) and `ray` (the compose file's Ray nodes
 # and the tasks that drive them); docs/reference/install.md.
-RUN pip install --no-cache-dir "apache-airflow[postgres]==${AIRFLOW_VERSION}" ".[services,ray]"
+RUN pip install --no-cache-dir "apache-airflow[postgres]==${AIRFLOW_VERSION}" "./[services,ray]"
 
 # Defaults for every container; docker-compose.yml sets the same values explicitly.
 ENV STRATOFLOW_HOME=/opt/stratoflow/home \
