@@ -192,4 +192,8 @@ def _decode_batch(feature: Any, value: Any, tfds: Any) -> Any:
     ):
         decoded = tf.io.decode_raw(value, feature.tf_dtype)
         return tf.reshape(decoded, [-1, *feature.shape])
+    if isinstance(feature, tfds.features.Image):
+        # Encoded images (PNG, JPEG) decode one at a time whatever the reader; TFDS's batch
+        # decode does this same map but logs a deprecation warning (`FeatureConnector.dtype`).
+        return tf.map_fn(feature.decode_example, value, fn_output_signature=feature.tf_dtype)
     return feature.decode_batch_example(value)
