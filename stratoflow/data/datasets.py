@@ -304,14 +304,10 @@ def load_split(
             )
     # Prepared record files: parsed, decoded and converted a batch at a time (`records`), then
     # one example at a time again; anything else (an image folder) example by example by TFDS.
-    batches = None
-    if ref.image_folder is None and not per_example:
-        batches = records.supervised_batches(builder, ref.splits[role], read_config, shuffle_files)
-    batched = batches is not None
     shape = list(features.shape)
     resize = ref.image_folder is not None
 
-    def convert(inputs: Any, label: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    def convert(inputs: Any, label: tf.Tensor, batched: bool = False) -> tuple[Any, tf.Tensor]:
         # Element-wise: the same for one example or a batch of them.
         if features.kind == TABULAR:
             inputs = {
@@ -328,11 +324,16 @@ def load_split(
         label = tf.cast(label, tf.int64 if target.task == CLASSIFICATION else tf.float32)
         return inputs, label
 
-    if batches is not None:
-        dataset = batches.map(
-            convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
-        ).unbatch()
-    else:
+    dataset = None
+    if ref.image_folder is None and not per_example:
+        dataset = records.supervised_examples(
+            builder,
+            ref.splits[role],
+            read_config,
+            shuffle_files,
+            lambda inputs, label: convert(inputs, label, batched=True),
+        )
+    if dataset is None:
         dataset = builder.as_dataset(
             split=ref.splits[role],
             as_supervised=True,

@@ -13,12 +13,13 @@ records from each in turn (files read in parallel, deterministically). The test
 `tests/unit/stratoflow/data/test_records.py` holds it to TFDS's values and order.
 
 It reads TFRecord files of fixed-shape features (what stratoflow feeds a model: an image of a
-fixed shape, or scalar columns, and a label); `supervised_batches` returns None for anything
+fixed shape, or scalar columns, and a label); `supervised_examples` returns None for anything
 else, and the caller reads it with TFDS's per-example reader instead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,10 +29,14 @@ if TYPE_CHECKING:
 READ_BATCH = 256
 
 
-def supervised_batches(
-    builder: Any, split: str, read_config: Any, shuffle_files: bool
+def supervised_examples(
+    builder: Any,
+    split: str,
+    read_config: Any,
+    shuffle_files: bool,
+    convert: Callable[[Any, Any], tuple[Any, Any]] | None = None,
 ) -> tf.data.Dataset | None:
-    """`builder.as_dataset(split, as_supervised=True, ...)`'s pairs, in batches of `READ_BATCH`.
+    """`builder.as_dataset(split, as_supervised=True, ...)`'s pairs, read `READ_BATCH` at a time.
 
     Args:
         builder: a prepared TFDS builder (`tfds.core.DatasetBuilder`).
@@ -39,12 +44,15 @@ def supervised_batches(
         read_config: the `tfds.ReadConfig` `as_dataset` would get, with an explicit
             `interleave_cycle_length`.
         shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
+        convert: an element-wise map of `(input, label)`, applied to each batch before it is
+            split into examples (cheaper than per example; the same values).
 
     Returns:
-        Batched `(input, label)` pairs, the last batch possibly partial: unbatched, the same
-        values in the same order as `as_dataset` gives them. None when the dataset is not
-        TFRecord files of fixed-shape features, or `read_config` asks for what this reader does
-        not do (TFDS ids, a custom interleave order): read it with `as_dataset` then.
+        Unbatched `(input, label)` pairs: the same values in the same order as `as_dataset`
+        gives them, and the same known length (`cardinality`; Keras `fit` differs without it)
+        where it knows it. None when the dataset is not TFRecord files of fixed-shape features,
+        or `read_config` asks for what this reader does not do (TFDS ids, a custom interleave
+        order): read it with `as_dataset` then.
     """
     import tensorflow as tf
     import tensorflow_datasets as tfds
@@ -118,11 +126,17 @@ def supervised_batches(
             pair.append(_decode_batch(features[key], serialized_value, tfds))
         return pair[0], pair[1]
 
-    return (
-        records.batch(READ_BATCH)
-        .map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        .with_options(read_config.options)
+    batches = records.batch(READ_BATCH).map(
+        parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
+    if convert is not None:
+        batches = batches.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    examples = batches.unbatch()
+    # As TFDS does: a known length (Keras `fit` and `len()` use it), not when sharded by file.
+    if read_config.assert_cardinality and context is None:
+        total = sum(int(item.take) for item in instructions)
+        examples = examples.apply(tf.data.experimental.assert_cardinality(total))
+    return examples.with_options(read_config.options)
 
 
 def _parse_specs(key: str, serialized_info: Any) -> dict[str, tuple[Any, Any]] | None:

@@ -26,12 +26,15 @@ def tiny(tmp_path_factory, tf_runtime):
     return prepare_dataset(DatasetSpec(NAME, "1.0.0", "tiny"), data_dir)
 
 
-def pairs(dataset) -> list:
-    """Every `(features, target)` of an unbatched dataset, as numpy values, in order."""
-    return list(dataset.as_numpy_iterator())
+def pairs(dataset) -> tuple[int, list]:
+    """An unbatched dataset's known length (`cardinality`: Keras `fit` reads it) and every
+    `(features, target)` of it, as numpy values, in order."""
+    return int(dataset.cardinality()), list(dataset.as_numpy_iterator())
 
 
-def assert_same_pairs(batched: list, per_example: list) -> None:
+def assert_same_pairs(batched_read: tuple[int, list], per_example_read: tuple[int, list]) -> None:
+    (cardinality, batched), (expected_cardinality, per_example) = batched_read, per_example_read
+    assert cardinality == expected_cardinality
     assert len(batched) == len(per_example) > 0
     for index, ((x, y), (x_ref, y_ref)) in enumerate(zip(batched, per_example, strict=True)):
         if isinstance(x_ref, dict):
@@ -108,7 +111,7 @@ def test_a_streamed_epoch_reads_the_same_pairs_in_the_same_order_as_tfds(tiny, s
     batched = read(False)
     assert_same_pairs(batched, read(True))
     # The order is the files' shuffled one, not the split's: the seed reaches the reader.
-    ids = [int(round(x.flat[0] / x.flat[1])) for x, _ in batched]
+    ids = [int(round(x.flat[0] / x.flat[1])) for x, _ in batched[1]]
     assert sorted(ids) == list(range(400)) and ids != list(range(400))
 
 
@@ -163,4 +166,4 @@ def test_tabular_columns_and_the_pipelines_preprocessing_per_example(tmp_path, t
     ref.preprocess, ref.pipeline_folder = "prep:shift", str(tmp_path)
     batched = pairs(load_split(ref, "train"))
     assert_same_pairs(batched, pairs(load_split(ref, "train", per_example=True)))
-    assert min(x["bill_length_mm"] for x, _ in batched) > 1000.0
+    assert min(x["bill_length_mm"] for x, _ in batched[1]) > 1000.0
