@@ -51,6 +51,7 @@ from stratoflow.config.features import (
 )
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import DatasetSpec
+from stratoflow.data import records
 
 if TYPE_CHECKING:
     import numpy as np
@@ -249,6 +250,7 @@ def load_split(
     *,
     read_config: Any = None,
     shuffle_files: bool = False,
+    per_example: bool = False,
 ) -> tf.data.Dataset:
     """Read one role of a prepared dataset as `(features, target)` pairs, in a fixed order.
 
@@ -259,6 +261,9 @@ def load_split(
             sharded by file, ...: `stratoflow.data.input_pipeline` streams with it); None:
             one file after the other, with no cache (the caller decides what to cache).
         shuffle_files: read the files in an order drawn from `read_config.shuffle_seed`.
+        per_example: parse and decode the records one at a time with TFDS's own reader, as
+            before the batched reader (`stratoflow.data.records`), which gives the same pairs in
+            the same order: for comparing the two.
 
     Returns:
         An unbatched, unshuffled `tf.data.Dataset` of `(features, target)`, the same order on
@@ -297,16 +302,13 @@ def load_split(
                 f"dataset {_label(ref.name, ref.config, ref.version)} is no longer prepared in "
                 f"{ref.data_dir}; run prepare_dataset again"
             )
-    dataset = builder.as_dataset(
-        split=ref.splits[role],
-        as_supervised=True,
-        shuffle_files=shuffle_files,
-        read_config=read_config,
-    )
+    # Prepared record files: parsed, decoded and converted a batch at a time (`records`), then
+    # one example at a time again; anything else (an image folder) example by example by TFDS.
     shape = list(features.shape)
     resize = ref.image_folder is not None
 
-    def convert(inputs: Any, label: tf.Tensor) -> tuple[Any, tf.Tensor]:
+    def convert(inputs: Any, label: tf.Tensor, batched: bool = False) -> tuple[Any, tf.Tensor]:
+        # Element-wise: the same for one example or a batch of them.
         if features.kind == TABULAR:
             inputs = {
                 column.name: tf.cast(
@@ -318,11 +320,26 @@ def load_split(
             inputs = tf.cast(inputs, tf.float32)
             if resize:
                 inputs = tf.image.resize(inputs, shape[:2])
-            inputs = tf.ensure_shape(inputs / 255.0, shape)
+            inputs = tf.ensure_shape(inputs / 255.0, [None, *shape] if batched else shape)
         label = tf.cast(label, tf.int64 if target.task == CLASSIFICATION else tf.float32)
         return inputs, label
 
-    dataset = dataset.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = None
+    if ref.image_folder is None and not per_example:
+        dataset = records.supervised_examples(
+            builder,
+            ref.splits[role],
+            read_config,
+            shuffle_files,
+            lambda inputs, label: convert(inputs, label, batched=True),
+        )
+    if dataset is None:
+        dataset = builder.as_dataset(
+            split=ref.splits[role],
+            as_supervised=True,
+            shuffle_files=shuffle_files,
+            read_config=read_config,
+        ).map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if ref.preprocess is not None:
         function = plugins.load_object(ref.preprocess, ref.pipeline_folder, "dataset.preprocess")
         dataset = dataset.map(function, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
