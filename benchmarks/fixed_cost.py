@@ -101,7 +101,11 @@ def _sample(process: subprocess.Popen[bytes], seen: dict[tuple[int, float], tupl
                 with member.oneshot():
                     times = member.cpu_times()
                     key = (member.pid, member.create_time())
-                    kind = seen[key][0] if key in seen else _kind(member.cmdline())
+                    # Asked every time: a process just forked shows its parent's command line
+                    # until it execs, one exiting none.
+                    kind = _kind(member.cmdline())
+                    if kind == "other" and key in seen:
+                        kind = seen[key][0]
                     seen[key] = (kind, times.user + times.system)
             except psutil.Error:
                 continue

@@ -702,8 +702,11 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "`make install` now compiles the venv once. This shortened every task that imports "
             "TensorFlow, the training process's start most.",
             "- Still paid inside the tasks: TensorFlow's import in the training process and "
-            "again in the Airflow process for evaluate_model (the training runs in a child by "
-            "design, so a native crash cannot take the task down); MLflow's import.",
+            "again in the Airflow process for evaluate_model and log_and_register, which load the "
+            "saved model (the training runs in a child by design, so a native crash cannot take "
+            "the task down); MLflow's import. Not paid any more by a run whose pipeline code, data "
+            "and configuration equal a passed own-code check's: its child is not started (issue "
+            "29; where a run's fixed cost goes: the hand-written section below).",
             "",
             "## Why multi-worker mirrored misses its target",
             "",
