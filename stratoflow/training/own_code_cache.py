@@ -17,7 +17,9 @@ reads:
   folder, as the dataset fingerprint's own cache keys them) and the TFDS data dir;
 - the versions of TensorFlow, Keras, TFDS and NumPy, and the Python version.
 
-Any difference is a miss, and the child runs as before. A refusal is never kept: a mistake is
+Any difference is a miss, and the child runs as before. Not keyed: what the pipeline's code
+reads from outside its folder (a file elsewhere, an environment variable); such a pipeline is
+checked again once its folder, its spec or its data change. A refusal is never kept: a mistake is
 refused again, from the child, before any MLflow run. Not kept either, so always checked: a
 dataset read in place from an image folder (its images are not hashed), one not prepared yet, and
 a pipeline without a folder of its own. The results live under the state folder
