@@ -48,9 +48,13 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         prepared: the first task's result (dataset, the run's plan).
         trained: the training task's result (model, shape).
     """
+    from stratoflow.distributed import lean_tensorflow
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training import evaluation
 
+    # The saved model is loaded here: TensorFlow without Keras's scikit-learn wrappers
+    # (about 1 s of this task process's CPU), before anything imports it in full.
+    lean_tensorflow.import_tensorflow()
     spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
     result = score_test_split(

@@ -12,7 +12,7 @@ from stratoflow.tasks.prepare import PreparedDataset
 from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 from stratoflow.tasks.train import TrainedModel
 from stratoflow.tracking.model_registry import RegistrationResult
-from stratoflow.tracking.serving_check import ServingCheck
+from stratoflow.tracking.serving_check import FreshProcess, ServingCheck
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,31 @@ def log_and_register(
     failed); otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is
     finished and its checkpoints removed.
     """
+    from stratoflow.distributed import lean_tensorflow
+    from stratoflow.tracking import serving_check
+
+    spec = prepared.plan.spec
+    serves = spec.training.promote and evaluation.gate.passed
+    # The serving check's fresh process starts first and imports while this process loads,
+    # logs and registers the version (its imports are most of the check's seconds).
+    fresh = serving_check.start_fresh_process(*serving_environment()) if serves else None
+    try:
+        # The saved model is loaded here: TensorFlow without Keras's scikit-learn wrappers
+        # (about 1 s of this task process's CPU), before anything imports it in full.
+        lean_tensorflow.import_tensorflow()
+        return _log_and_register(run, prepared, trained, evaluation, fresh)
+    finally:
+        if fresh is not None:
+            fresh.close()
+
+
+def _log_and_register(
+    run: AirflowRun,
+    prepared: PreparedDataset,
+    trained: TrainedModel,
+    evaluation: Evaluation,
+    fresh: FreshProcess | None,
+) -> Registration:
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
 
@@ -73,8 +98,10 @@ def log_and_register(
         },
     )
     serving = ""
-    if spec.training.promote and evaluation.gate.passed:
-        check = check_serving(prepared, trained, features, result.registered_model, result.version)
+    if fresh is not None:  # the run may promote and the gate passed
+        check = check_serving(
+            prepared, trained, features, result.registered_model, result.version, fresh
+        )
         serving = check.tag
         if not check.passed:  # an earlier try of this run may have promoted it
             result.aliases = model_registry.withdraw_champion(
@@ -92,27 +119,42 @@ def log_and_register(
     return Registration(**result.to_dict(), mlflow_run_id=mlflow_run_id, serving_check=serving)
 
 
+def serving_environment() -> tuple[dict[str, str], Any]:
+    """The serving check's fresh process's environment and `preexec_fn`: the pipeline
+    environment (no Airflow or Ray secret), no MLflow account either (it loads a local copy of
+    the version), and death with this process."""
+    import os
+    import signal
+
+    from stratoflow.distributed import member_environment, processes
+
+    environment = {
+        name: value
+        for name, value in member_environment.pipeline_environment(os.environ).items()
+        if not name.startswith("MLFLOW_TRACKING_")
+    }
+    return environment, processes.die_with_parent(signal.SIGKILL)
+
+
 def check_serving(
     prepared: PreparedDataset,
     trained: TrainedModel,
     features: Any,
     registered_model: str,
     version: str,
+    fresh: FreshProcess | None = None,
 ) -> ServingCheck:
     """Serve the registered version in a fresh process and compare its answers with the
     evaluated model's on the first test examples (`stratoflow.tracking.serving_check`).
 
-    `features` is the test split's (`datasets.load_arrays`). The verdict is a tag on the
+    `features` is the test split's (`datasets.load_arrays`); `fresh`, the fresh process if it
+    was started ahead (`serving_check.start_fresh_process`). The verdict is a tag on the
     version and on the run (`stratoflow.serving_check`: `passed: ...` or `failed: <why>`), and
     its duration the run's metric `serving_check_seconds`.
 
     Returns:
         The check's verdict.
     """
-    import os
-    import signal
-
-    from stratoflow.distributed import member_environment, processes
     from stratoflow.tracking import mlflow_runs, serving_check
     from stratoflow.training import evaluation
 
@@ -123,20 +165,16 @@ def check_serving(
         else features[:count]
     )
     outputs = evaluation.predict_outputs(trained.model_path, examples)
-    # The fresh process runs the model's code: the pipeline environment (no Airflow or Ray
-    # secret), and no MLflow account either (it loads a local copy of the version).
-    environment = {
-        name: value
-        for name, value in member_environment.pipeline_environment(os.environ).items()
-        if not name.startswith("MLFLOW_TRACKING_")
-    }
+    # The fresh process runs the model's code: `serving_environment`.
+    environment, preexec_fn = serving_environment()
     check = serving_check.check_served_answers(
         f"models:/{registered_model}/{version}",
         examples,
         outputs,
         prepared.dataset.target,
         environment,
-        preexec_fn=processes.die_with_parent(signal.SIGKILL),
+        preexec_fn=preexec_fn,
+        fresh=fresh,
     )
     mlflow_client = mlflow_runs.client()
     mlflow_client.set_model_version_tag(

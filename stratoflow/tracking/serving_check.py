@@ -14,7 +14,12 @@ all pass the gate and fail only when someone serves the model. So before `champi
    the environment the caller built: no MLflow credentials, nothing of Airflow's) loads the copy
    with `mlflow.pyfunc.load_model` and answers a JSON request through MLflow's own scoring code
    (`scoring_server.invocations`: the request parsed against the logged signature, the answer
-   serialised as the scoring server sends it);
+   serialised as the scoring server sends it). The process may be started ahead
+   (`start_fresh_process`, as the registration task does before it logs the version): it imports
+   MLflow's scoring code and Keras (what serving the version loads anyway, most of the check's
+   seconds) while the caller logs and registers the version, then waits for the one request it
+   answers; it has still seen nothing of the training, and loads nothing of the version before
+   it is asked;
 3. its answers are compared with the evaluated model's outputs on the same examples.
 
 Tolerance: the same weights run by the same TensorFlow on the same CPU give the same float32
@@ -56,7 +61,7 @@ CHECK_TIMEOUT_SECONDS = 300
 QUOTED_LINES = 8
 QUOTED_CHARS = 2000
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b.*:")
-_REQUEST, _ANSWER = "request.json", "answer.json"
+_REQUEST, _ANSWER, _STDERR = "request.json", "answer.json", "stderr.txt"
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ def check_served_answers(
     target: Target,
     environment: Mapping[str, str],
     preexec_fn: Callable[[], None] | None = None,
+    fresh: FreshProcess | None = None,
 ) -> ServingCheck:
     """Serve the registered version `model_uri` in a fresh process and compare its answers.
 
@@ -105,6 +111,7 @@ def check_served_answers(
         target: what the model predicts (task, class names).
         environment: the fresh process's whole environment.
         preexec_fn: run in the child before it starts (e.g. to die with its parent).
+        fresh: the fresh process, if started ahead (`start_fresh_process`); closed here.
 
     Raises:
         Exception: the registry did not give the version's files (an MLflow error: a retry may
@@ -112,11 +119,76 @@ def check_served_answers(
             is a failed check, not an exception.
     """
     started = time.monotonic()
-    answer, failure = serve_in_fresh_process(model_uri, features, environment, preexec_fn)
+    answer, failure = serve_in_fresh_process(model_uri, features, environment, preexec_fn, fresh)
     if answer is None:
         return ServingCheck(False, failure, len(outputs), None, time.monotonic() - started)
     passed, reason, difference = compare_answers(answer, outputs, target)
     return ServingCheck(passed, reason, len(outputs), difference, time.monotonic() - started)
+
+
+class FreshProcess:
+    """A fresh Python process in a private folder, started ahead of its one serving check
+    (`start_fresh_process`); `close()` ends it and removes the folder."""
+
+    def __init__(
+        self, environment: Mapping[str, str], preexec_fn: Callable[[], None] | None = None
+    ) -> None:
+        self._folder = tempfile.TemporaryDirectory(prefix="stratoflow-serving-check-")
+        self.work = Path(self._folder.name)
+        self._stderr = open(self.work / _STDERR, "w")  # noqa: SIM115  (closed in close())
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            cwd=self.work,  # not the project's folder: nothing of it is importable by accident
+            env=dict(environment),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            text=True,
+            preexec_fn=preexec_fn,
+        )
+
+    def answer(self, model_dir: str, request: str) -> tuple[Any, str]:
+        """Have it load `model_dir` and answer `request` (a JSON body) as the scoring server
+        would.
+
+        Returns:
+            (the scoring server's JSON answer, "") or (None, why it gave none).
+        """
+        (self.work / _REQUEST).write_text(request)
+        try:
+            self.process.communicate(
+                json.dumps([model_dir, _REQUEST, _ANSWER]) + "\n", timeout=CHECK_TIMEOUT_SECONDS
+            )
+        except subprocess.TimeoutExpired:
+            return None, f"the served version did not answer within {CHECK_TIMEOUT_SECONDS} s"
+        if self.process.returncode != 0:
+            self._stderr.flush()
+            stderr = (self.work / _STDERR).read_text(errors="replace")
+            error = _error_of(stderr, self.process.returncode)
+            return None, f"the served version failed in a fresh process: {error}"
+        return json.loads((self.work / _ANSWER).read_text()), ""
+
+    def close(self) -> None:
+        """End the process if it still runs (a check that was not needed) and remove its
+        folder."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._stderr.close()
+        self._folder.cleanup()
+
+
+def start_fresh_process(
+    environment: Mapping[str, str], preexec_fn: Callable[[], None] | None = None
+) -> FreshProcess:
+    """Start the fresh process of a serving check now, to answer later (`serve_in_fresh_process`).
+
+    Args:
+        environment: the fresh process's whole environment.
+        preexec_fn: run in the child before it starts (e.g. to die with its parent).
+        fresh: the fresh process, if started ahead (`start_fresh_process`); closed here.
+    """
+    return FreshProcess(environment, preexec_fn)
 
 
 def serve_in_fresh_process(
@@ -124,37 +196,28 @@ def serve_in_fresh_process(
     features: Any,
     environment: Mapping[str, str],
     preexec_fn: Callable[[], None] | None = None,
+    fresh: FreshProcess | None = None,
 ) -> tuple[Any, str]:
     """Copy the version out of the registry and have a fresh process answer `features` with it,
     as the scoring server would.
+
+    Args:
+        fresh: a fresh process started ahead (`start_fresh_process`), used and closed here;
+            None starts one (with `environment` and `preexec_fn`).
 
     Returns:
         (the scoring server's JSON answer, "") or (None, why it gave none).
     """
     import mlflow.artifacts
 
-    with tempfile.TemporaryDirectory(prefix="stratoflow-serving-check-") as folder:
-        work = Path(folder)
+    process = fresh if fresh is not None else start_fresh_process(environment, preexec_fn)
+    try:
         copy = mlflow.artifacts.download_artifacts(
-            artifact_uri=model_uri, dst_path=str(work / "model")
+            artifact_uri=model_uri, dst_path=str(process.work / "model")
         )
-        (work / _REQUEST).write_text(request_body(features))
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", __name__, copy, _REQUEST, _ANSWER],
-                cwd=work,  # not the project's folder: nothing of it is importable by accident
-                env=dict(environment),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=CHECK_TIMEOUT_SECONDS,
-                preexec_fn=preexec_fn,
-            )
-        except subprocess.TimeoutExpired:
-            return None, f"the served version did not answer within {CHECK_TIMEOUT_SECONDS} s"
-        if done.returncode != 0:
-            return None, f"the served version failed in a fresh process: {_error_of(done)}"
-        return json.loads((work / _ANSWER).read_text()), ""
+        return process.answer(copy, request_body(features))
+    finally:
+        process.close()
 
 
 def request_body(features: Any) -> str:
@@ -239,14 +302,14 @@ def compare_answers(answer: Any, outputs: Any, target: Target) -> tuple[bool, st
     )
 
 
-def _error_of(done: subprocess.CompletedProcess[str]) -> str:
+def _error_of(stderr: str, returncode: int) -> str:
     """The exception a failed process ended with (from the last line naming one), else its last
     lines; at most `QUOTED_CHARS` characters."""
-    lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     raised = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
     # The exception's message may span lines: from its first line to the end.
     text = " | ".join(lines[raised[-1] :] if raised else lines[-QUOTED_LINES:])
-    text = text or f"exit code {done.returncode}"
+    text = text or f"exit code {returncode}"
     return text if len(text) <= QUOTED_CHARS else text[: QUOTED_CHARS - 1] + "…"
 
 
@@ -257,7 +320,7 @@ def _describe(rows: Any) -> str:
 
 
 def _answer(model_dir: str, request_file: str, answer_file: str) -> int:
-    """The fresh process: load the copy as the scoring server does and answer the request."""
+    """Load the copy as the scoring server does and answer the request."""
     import mlflow.pyfunc
     from mlflow.pyfunc import scoring_server
 
@@ -275,5 +338,19 @@ def _answer(model_dir: str, request_file: str, answer_file: str) -> int:
     return 0
 
 
+def _answer_when_asked() -> int:
+    """The fresh process: import what serving the version loads anyway, then answer the one
+    request that arrives on stdin (`[model_dir, request_file, answer_file]`); none: exit."""
+    import keras  # noqa: F401  (the version's loader imports it; its import is most of the wait)
+    import mlflow.pyfunc  # noqa: F401
+    from mlflow.pyfunc import scoring_server  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
+    model_dir, request_file, answer_file = json.loads(line)
+    return _answer(model_dir, request_file, answer_file)
+
+
 if __name__ == "__main__":
-    sys.exit(_answer(*sys.argv[1:4]))
+    sys.exit(_answer_when_asked())

@@ -43,7 +43,8 @@ REFUSAL_KEY = "refusal"
 
 def prepare_and_check(plan: RunPlan) -> tuple[DatasetRef, DatasetStatistics]:
     """Prepare the plan's dataset, compute its statistics and check the pipeline's own code
-    against it, in a child process.
+    against it, in a child process; or recall the result of a passed check of the same code,
+    data and configuration (`own_code_cache`), without a child.
 
     The child gets the plan itself (`RunPlan.to_dict`), not the pipeline's name: it reads no YAML.
     The statistics are computed there because reading a split runs the pipeline's
@@ -61,10 +62,24 @@ def prepare_and_check(plan: RunPlan) -> tuple[DatasetRef, DatasetStatistics]:
     from stratoflow.data.datasets import DatasetRef
     from stratoflow.data.statistics import DatasetStatistics
     from stratoflow.distributed.launcher import run_python_module
+    from stratoflow.training import own_code_cache
 
-    result = run_python_module(MODULE, plan.to_dict(), name=CHILD_NAME)
-    if REFUSAL_KEY in result:
-        raise SpecError(result[REFUSAL_KEY])
+    key = own_code_cache.cache_key(plan.spec)
+    result = own_code_cache.recall(key) if key else None
+    if result is not None:
+        logger.info(
+            "the pipeline's code, data and configuration equal a passed own-code check's: "
+            "not checked again (%s)",
+            key,
+        )
+    else:
+        result = run_python_module(MODULE, plan.to_dict(), name=CHILD_NAME)
+        if REFUSAL_KEY in result:
+            raise SpecError(result[REFUSAL_KEY])
+        # A dataset this child built had no files to key yet: the next run's check is kept.
+        if key:
+            kept = {**result, "dataset": {**result["dataset"], "built": False}}
+            own_code_cache.remember(key, kept)
     return (
         DatasetRef.from_dict(result["dataset"]),
         DatasetStatistics.from_dict(result["statistics"]),

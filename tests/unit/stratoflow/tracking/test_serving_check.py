@@ -130,3 +130,13 @@ def test_answers_that_differ_from_the_evaluated_ones_fail_the_check(served):
     assert f"served class probabilities differ from the evaluated model's on {len(outputs)} of" in (
         reason
     )
+
+
+def test_a_fresh_process_started_ahead_and_not_asked_is_ended_with_its_folder():
+    """The registration task starts the check's process before it logs the version; when no
+    check follows (the logging failed), closing it leaves no process and no folder behind."""
+    fresh = serving_check.start_fresh_process(dict(os.environ))
+    assert fresh.process.poll() is None  # importing, or waiting for its request
+    fresh.close()
+    assert fresh.process.returncode is not None
+    assert not fresh.work.exists()

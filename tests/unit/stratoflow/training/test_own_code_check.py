@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from stratoflow.config import names
+from stratoflow.config import locations, names
 from stratoflow.config.parsing import SpecError
 from stratoflow.config.spec import load_spec, parse_spec
 from stratoflow.tasks.run_context import AirflowRun
@@ -188,6 +188,49 @@ def test_the_first_task_refuses_from_its_child_before_any_mlflow_run(
     error = refused("mine")
     assert error.startswith(f"{folder / 'pipeline.yaml'}: "), error
     assert message in error, error
+
+
+@pytest.mark.integration
+def test_a_passed_check_is_not_repeated_and_an_edited_model_is_checked_again(
+    pipelines_path: Path, tf_runtime, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A second run of unchanged code, data and configuration recalls the first run's check (no
+    child: the model builder is not called again) and gets the same dataset and statistics; an
+    edit of the model is checked again, and refused before any MLflow run of its own."""
+    from stratoflow.data.datasets import prepare_dataset
+    from stratoflow.data.statistics import STATISTICS_FILE
+    from stratoflow.tasks import prepare
+
+    calls = tmp_path_factory.mktemp("builder-calls") / "calls"
+    header = "def build(features, target, width=8):\n"
+    counting = GOOD_MODEL.replace(header, f"{header}    open({str(calls)!r}, 'a').write('x')\n")
+    folder = write_pipeline(pipelines_path, "mine", {"model.py": counting})
+    spec = load_spec("mine")
+    prepare_dataset(spec.dataset, problem_type=spec.task)  # prepared before the runs, as usual
+
+    runs = [AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex[:12]}") for _ in range(2)]
+    first, second = (prepare.prepare("mine", {}, run) for run in runs)
+
+    assert calls.read_text() == "x"  # the builder ran in the first run's check only
+    assert second.dataset == first.dataset
+    statistics = [
+        (locations.run_dir(run.dag_id, run.run_id) / STATISTICS_FILE).read_text() for run in runs
+    ]
+    assert statistics[1] == statistics[0]
+
+    (folder / "model.py").write_text(CASES["builder raises"][1]["model.py"])
+    before = mlflow_run_count("mine")
+    with pytest.raises(SpecError, match="model.builder 'model:build' raised RuntimeError: boom"):
+        prepare.prepare("mine", {}, AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex}"))
+    assert mlflow_run_count("mine") == before
+
+
+def mlflow_run_count(pipeline: str) -> int:
+    from stratoflow.tracking import mlflow_runs
+
+    client = mlflow_runs.client()
+    experiment = client.get_experiment_by_name(names.experiment_name(pipeline))
+    return 0 if experiment is None else len(client.search_runs([experiment.experiment_id]))
 
 
 @pytest.mark.integration
