@@ -204,12 +204,12 @@ def test_a_passed_check_is_not_repeated_and_an_edited_model_is_checked_again(
     calls = tmp_path_factory.mktemp("builder-calls") / "calls"
     header = "def build(features, target, width=8):\n"
     counting = GOOD_MODEL.replace(header, f"{header}    open({str(calls)!r}, 'a').write('x')\n")
-    folder = write_pipeline(pipelines_path, "mine", {"model.py": counting})
-    spec = load_spec("mine")
+    folder = write_pipeline(pipelines_path, "recalled", {"model.py": counting})
+    spec = load_spec("recalled")
     prepare_dataset(spec.dataset, problem_type=spec.task)  # prepared before the runs, as usual
 
-    runs = [AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex[:12]}") for _ in range(2)]
-    first, second = (prepare.prepare("mine", {}, run) for run in runs)
+    runs = [AirflowRun("retrain_recalled", f"manual__{uuid.uuid4().hex[:12]}") for _ in range(2)]
+    first, second = (prepare.prepare("recalled", {}, run) for run in runs)
 
     assert calls.read_text() == "x"  # the builder ran in the first run's check only
     assert second.dataset == first.dataset
@@ -219,10 +219,12 @@ def test_a_passed_check_is_not_repeated_and_an_edited_model_is_checked_again(
     assert statistics[1] == statistics[0]
 
     (folder / "model.py").write_text(CASES["builder raises"][1]["model.py"])
-    before = mlflow_run_count("mine")
+    before = mlflow_run_count("recalled")
     with pytest.raises(SpecError, match="model.builder 'model:build' raised RuntimeError: boom"):
-        prepare.prepare("mine", {}, AirflowRun("retrain_mine", f"manual__{uuid.uuid4().hex}"))
-    assert mlflow_run_count("mine") == before
+        prepare.prepare(
+            "recalled", {}, AirflowRun("retrain_recalled", f"manual__{uuid.uuid4().hex}")
+        )
+    assert mlflow_run_count("recalled") == before
 
 
 def mlflow_run_count(pipeline: str) -> int:
