@@ -512,9 +512,12 @@ def _machine() -> str:
     )
     from importlib.metadata import version
 
+    from stratoflow.tracking.environment import tensorflow_distribution
+
+    tensorflow = tensorflow_distribution()  # tensorflow-cpu, or tensorflow on a gpu install
     return (
         f"{model}, {os.cpu_count()} cores, {memory_kb / 2**20:.0f} GiB, no GPU; Python "
-        f"{platform.python_version()}, tensorflow-cpu {version('tensorflow-cpu')}, keras "
+        f"{platform.python_version()}, {tensorflow} {version(tensorflow)}, keras "
         f"{version('keras')}, apache-airflow {version('apache-airflow')}, "
         f"mlflow {version('mlflow')}"
     )

@@ -81,6 +81,12 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tensorflow_distribution() -> str:
+    """The distribution that installed TensorFlow here: `tensorflow-cpu` (the base install) or
+    `tensorflow` (the `gpu` extra), which a served model's requirements must name."""
+    return "tensorflow-cpu" if _version("tensorflow-cpu") else "tensorflow"
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)

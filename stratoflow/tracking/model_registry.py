@@ -21,7 +21,7 @@ from typing import Any
 
 from stratoflow.config import names
 from stratoflow.config.features import Target
-from stratoflow.tracking import mlflow_runs, serving_loader
+from stratoflow.tracking import environment, mlflow_runs, serving_loader
 
 # The served model's loader module, as copied into every logged model's `code/` folder.
 SERVING_MODULE = "stratoflow_serving"
@@ -75,7 +75,8 @@ def log_model(run_id: str, model_path: str, features: Any, target: Target) -> st
     served = serving_loader.ServedModel(model, config)
     signature = infer_signature(input_example, served.predict(input_example))
     requirements = [
-        f"tensorflow-cpu=={tf.__version__}",
+        # The TensorFlow build that trained it (a GPU host's `tensorflow` serves on CPUs too).
+        f"{environment.tensorflow_distribution()}=={tf.__version__}",
         f"keras=={keras.__version__}",
         f"mlflow=={mlflow.__version__}",
     ]
