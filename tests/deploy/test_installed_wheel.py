@@ -251,7 +251,9 @@ def test_a_retrain_dag_runs_in_the_teams_airflow_and_logs_where_its_connection_s
         assert {state for _, state in states} == {"success"} and len(states) == 5, states
         assert f"from the Airflow connection '{connections.MLFLOW_CONNECTION_ID}': {url}" in output
 
-        client = mlflow.MlflowClient(tracking_uri=url)
+        # The registry too: the worker's own MLFLOW_TRACKING_URI (another test's store) would
+        # otherwise be the registry this client asks.
+        client = mlflow.MlflowClient(tracking_uri=url, registry_uri=url)
         experiment = client.get_experiment_by_name(names.experiment_name(PIPELINE))
         assert experiment is not None, "nothing was logged to the connection's server"
         (finished,) = client.search_runs([experiment.experiment_id])
