@@ -32,9 +32,8 @@ from typing import Any
 from airflow.sdk import DAG
 
 from stratoflow.config.assets import datasets_in_use
-from stratoflow.config.discovery import use_pipelines
+from stratoflow.config.discovery import discover, use_pipelines
 from stratoflow.config.run_plan import load_pipeline
-from stratoflow.config.spec import list_pipelines, pipeline_problems
 from stratoflow.dags import benchmark_strategies, refresh_datasets, retrain
 
 Folders = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
@@ -94,7 +93,8 @@ def build_dags(
 ) -> tuple[list[DAG], list[str]]:
     """The DAGs of the pipelines that load, and why each of the others did not (see `publish`)."""
     use_pipelines(_folders(pipelines), examples=examples)
-    found, problems = list_pipelines(), pipeline_problems()
+    discovered = discover()  # once: each folder is looked at a single time per parse
+    found, problems = sorted(discovered.folders), discovered.problems
     wanted = found if only is None else list(dict.fromkeys(only))
     # Every problem when all are published (a path entry's too); else those of the names asked.
     errors = [
