@@ -22,7 +22,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from tests.deploy.test_compose import (
     env_example,
     env_of,
 )
+from tests.support.processes import running
 
 pytestmark = pytest.mark.integration
 
@@ -110,24 +110,6 @@ def request(
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
-
-
-@contextmanager
-def running(args: list[str], env: Mapping[str, str], log_path: Path) -> Iterator[None]:
-    """A server process for the duration of the block (output in `log_path`), then stopped."""
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            args, env=dict(env), cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            yield
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
 
 
 def pg_program(name: str) -> str:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from tests.support.processes import running
 
 SERVER_START_SECONDS = 180
 
@@ -36,42 +37,28 @@ def mlflow_server(folder: Path) -> Iterator[str]:
         "DO_NOT_TRACK": "true",
     }
     log_path = folder / "server.log"
-    with log_path.open("w") as log:
-        server = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("mlflow")),
-                "server",
-                "--backend-store-uri",
-                f"sqlite:///{folder / 'mlflow.db'}",
-                "--artifacts-destination",
-                str(folder / "artifacts"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                "1",
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=folder,
-        )
-        try:
-            deadline = time.monotonic() + SERVER_START_SECONDS
-            while True:
-                assert server.poll() is None, log_path.read_text()[-3000:]
-                try:
-                    urllib.request.urlopen(f"{url}/health", timeout=2).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, "mlflow server did not come up"
-                    time.sleep(0.5)
-            yield url
-        finally:
-            server.terminate()
+    command = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    with running(command, env, log_path) as server:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while True:
+            assert server.poll() is None, log_path.read_text()[-3000:]
             try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+                urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not come up"
+                time.sleep(0.5)
+        yield url

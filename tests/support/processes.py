@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,3 +276,24 @@ class ServeModel:
                     process.kill()
             self.process.kill()
             self.process.wait()
+
+
+@contextlib.contextmanager
+def running(
+    args: list[str], env: Mapping[str, str], log_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process for the duration of the block (output in `log_path`, started in its
+    folder), then stopped: SIGTERM, SIGKILL after 30 s."""
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            args, env=dict(env), cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            yield server
+        finally:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
