@@ -47,6 +47,7 @@ from stratoflow.distributed.protocol import (
     TrainingPayload,
     TrainingResult,
 )
+from stratoflow.distributed.spares import Spares, wanted_for
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ def run_cluster(
     attempts: int = 3,
     ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
     restarts: Restarts | None = None,
+    warm_spares: bool = False,
 ) -> dict[str, Any]:
     """Start a cluster, supervise it until member `result_from` finishes, return its result.
 
@@ -136,6 +138,8 @@ def run_cluster(
         ready_timeout_seconds: once one member is up, how long the others have to come up.
         restarts: the budget for members that are killed or lost (none by default); it records
             each restart, also when the run fails in the end.
+        warm_spares: keep spare processes with TensorFlow imported once training runs; a member
+            that starts again becomes one of them (`stratoflow.distributed.spares`).
 
     Raises:
         ChildProcessFailed: a member failed, never came up, or the run timed out, or members
@@ -144,13 +148,21 @@ def run_cluster(
     """
 
     budget = restarts or Restarts(0)
+    # Spares outlive a cluster: a restarted cluster's members become the ones kept for it.
+    spares = Spares(pipeline_environment(os.environ)) if warm_spares else None
 
     def start_once() -> dict[str, Any]:
-        return _LocalCluster(
+        cluster = _LocalCluster(
             build_members(), result_from, payload, timeout_seconds, ready_timeout_seconds, budget
-        ).run()
+        )
+        cluster.spares = spares
+        return cluster.run()
 
-    return with_restarts(lambda: retry_port_clashes(start_once, attempts), budget)
+    try:
+        return with_restarts(lambda: retry_port_clashes(start_once, attempts), budget)
+    finally:
+        if spares is not None:
+            spares.close()
 
 
 def retry_port_clashes(start_once: Callable[[], dict[str, Any]], attempts: int) -> dict[str, Any]:
@@ -256,12 +268,30 @@ class Running:
 class _Running(Running):
     """A started local process, a thread streaming its output."""
 
-    def __init__(self, member: Member, command: list[str], env: dict[str, str]):
+    def __init__(
+        self,
+        member: Member,
+        command: list[str],
+        env: dict[str, str],
+        spares: Spares | None = None,
+    ):
         super().__init__(member)
-        self.command, self.env = command, env
+        self.command, self.env, self.spares = command, env, spares
         self._start()
 
     def _start(self) -> None:
+        spare = self.spares.take() if self.spares is not None else None
+        if spare is not None:
+            spare.become(self.command, self.env, self.take_line)
+            self.process, self.reader = spare.process, spare.reader
+            logger.info(
+                "%s started from a spare (pid %d, %s): python -m %s",
+                self.member.name,
+                self.process.pid,
+                "TensorFlow imported" if spare.warm else "still importing TensorFlow",
+                self.member.module,
+            )
+            return
         self.process = subprocess.Popen(
             self.command,
             stdout=subprocess.PIPE,
@@ -331,6 +361,8 @@ class Cluster:
         self.timeout_seconds = timeout_seconds
         self.ready_timeout_seconds = ready_timeout_seconds
         self.restarts = restarts or Restarts(0)
+        # Warm spares to keep once training runs (the local launcher's, when the run asks).
+        self.spares: Spares | None = None
 
     def result_of(self, chief: Running) -> dict[str, Any]:
         """The result member's result, or the error it reported, raised."""
@@ -354,6 +386,7 @@ class Cluster:
             for child in running.values():
                 child.refresh()
             self._note_training(running, result_member)
+            self._keep_spares(running, result_member)
             for child in running.values():
                 returncode = child.poll()
                 lost = child.lost_reason()
@@ -414,6 +447,15 @@ class Cluster:
             if child.restarted_at is not None and child.ready_at is not None:
                 self.restarts.training_again(in_place=True, member=child.member.name)
                 child.restarted_at = None
+
+    def _keep_spares(self, running: dict[str, Running], result_member: Running) -> None:
+        """Once training runs and no member is starting again, keep the cluster's spares."""
+        if self.spares is None or result_member.first_step_at is None:
+            return
+        if any(child.restarted_at is not None for child in running.values()):
+            return  # a recovery is under way: it gets the cores first
+        rejoining = sum(child.member.rejoins for child in running.values())
+        self.spares.fill(wanted_for(rejoining, len(running)))
 
     def _rejoin(self, child: Running, returncode: int | None, result_member: Running) -> bool:
         """Start a lost parameter-server worker again in place, if it may; True if it was."""
@@ -506,7 +548,7 @@ class _LocalCluster(Cluster):
                         **member.env,
                         PROCESS_START_ENV: str(started),
                     }
-                    running[member.name] = _Running(member, command, env)
+                    running[member.name] = _Running(member, command, env, self.spares)
                 self.supervise(running)
             finally:
                 for child in running.values():
@@ -534,6 +576,7 @@ class LocalLauncher:
             plan.result_from,
             payload.to_json(),
             restarts=restarts,
+            warm_spares=payload.plan.training.warm_spares,
         )
         # Every member ran on this host.
         return TrainingResult.from_dict({**result, "nodes": {"all_members": socket.gethostname()}})

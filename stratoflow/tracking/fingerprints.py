@@ -57,7 +57,16 @@ MODEL_NEUTRAL_KEYS = frozenset(
 # Strategy, replicas, workers, ps and the loop stay in: they change the summation order, and so
 # the weights (DESIGN.md, "Distributed training facts").
 MODEL_NEUTRAL_TRAINING_KEYS = frozenset(
-    {"cluster", "launcher", "ray_cluster", "placement", "max_restarts", "promote", "force"}
+    {
+        "cluster",
+        "launcher",
+        "ray_cluster",
+        "placement",
+        "max_restarts",
+        "warm_spares",
+        "promote",
+        "force",
+    }
 )
 
 # The engine's packages whose code shapes a model (relative to the `stratoflow` package).

@@ -31,7 +31,10 @@ SERVER_MODULE = "stratoflow.distributed.server"
 ECHO_MODULE = "tests.support.echo_program"
 # The first task's child: the pipeline's dataset builder and the own-code check.
 OWN_CODE_CHECK_MODULE = "stratoflow.training.own_code_check"
-CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE, OWN_CODE_CHECK_MODULE)
+# A warm spare (`stratoflow.distributed.spares`): its command line stays the spare's after it
+# became a member, and its TF_CONFIG is the one it took on, not the one it started with.
+SPARE_MODULE = "stratoflow.distributed.spares"
+CHILD_MODULES = (TRAINING_MODULE, SERVER_MODULE, ECHO_MODULE, OWN_CODE_CHECK_MODULE, SPARE_MODULE)
 
 
 def _module_of(process: psutil.Process) -> str | None:
@@ -56,6 +59,16 @@ def tf_config_of(process: psutil.Process) -> dict[str, Any] | None:
     """The TF_CONFIG a child was started with, parsed (None without one)."""
     raw = process.environ().get("TF_CONFIG")
     return json.loads(raw) if raw else None
+
+
+def cluster_member(job: str, index: int) -> psutil.Process:
+    """The one child of this process started as task `index` of `job` (by its TF_CONFIG)."""
+    (member,) = [
+        child
+        for child in cluster_children()
+        if (tf_config_of(child) or {}).get("task") == {"type": job, "index": index}
+    ]
+    return member
 
 
 @dataclass(frozen=True)

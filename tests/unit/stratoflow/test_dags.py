@@ -309,6 +309,7 @@ def test_params_offer_every_training_setting_with_choices(
         "ray_cluster",
         "placement",
         "max_restarts",
+        "warm_spares",
         "loop",
         "epochs",
         "batch_size",
