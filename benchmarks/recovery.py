@@ -6,7 +6,8 @@ process: mnist, 3 epochs, the run's default `max_restarts`. The kill comes once 
 checkpoint exists and, with warm spares, once every spare the cluster keeps has imported
 TensorFlow (what a spare is for: a loss late in a long run). The figure is the run's
 `recovery_seconds`: from the loss to training again (the restarted cluster's first step, or the
-rejoined parameter-server worker up). Run alone: `python -m benchmarks.recovery` prints JSON.
+rejoined parameter-server worker up). Run alone: `python -m benchmarks.recovery` prints JSON (its
+last line), `python -m benchmarks.run recovery` too, with the load.
 """
 
 from __future__ import annotations
@@ -123,4 +124,4 @@ if __name__ == "__main__":
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     use_throwaway_state()
-    sys.stdout.write(json.dumps(measure(), indent=1) + "\n")
+    sys.stdout.write(json.dumps(measure()) + "\n")  # one line, the last: the logs may go to stdout

@@ -36,6 +36,9 @@ CLUSTER_REPEATS = 2
 CLUSTER_EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted
 
 FIXED_COST = "fixed cost: CPU of `stratoflow run digits --epochs 1` (s)"
+# `benchmarks.recovery`: seconds from a killed worker to training again, local launcher.
+RECOVERY = "recovery after a killed worker, {case}, {spares} (s)"
+RECOVERY_TARGETS = {"multi_worker_mirrored": 5.0, "parameter_server": 3.0}
 # The bundled pipelines whose statistics cost is measured (`benchmarks.statistics_cost`).
 STATISTICS_PIPELINES = ("mnist", "digits", "penguins", "diabetes")
 TARGETS = {
@@ -52,6 +55,13 @@ TARGETS = {
     "MFU (training FLOP/s / matmul FLOP/s)": (">=", 0.30),
     "larger than memory: streamed input vs synthetic tensors": (">=", 0.95),
     "larger than memory: peak RSS of the training process (MB)": ("<=", 1536.0),
+    **{
+        RECOVERY.format(case=case, spares=spares): ("<=", bound)
+        if spares == "warm spares"
+        else ("report", None)
+        for case, bound in RECOVERY_TARGETS.items()
+        for spares in ("no spares", "warm spares")
+    },
     "launcher ray vs local, multi_worker_mirrored(2) throughput": ("report", None),
     "launcher ray vs local, parameter_server throughput": ("report", None),
     **{
@@ -86,6 +96,8 @@ def main() -> None:
     figures["orchestration"] = _orchestration()
     logger.info("a run's fixed cost: the process tree of a 1-epoch digits run")
     figures["fixed_cost"] = _fixed_cost()
+    logger.info("recovery from a killed worker, with and without warm spares")
+    figures["recovery"] = _recovery()
     logger.info("statistics of every split against training, on the bundled pipelines")
     figures["statistics"] = _statistics_cost()
     logger.info("the ray launcher against local, on hosts made of network namespaces")
@@ -104,7 +116,7 @@ def main() -> None:
 
 
 # The parts `python -m benchmarks.run PART ...` runs alone (figures printed, docs not written).
-PARTS = ("orchestration", "fixed_cost")
+PARTS = ("orchestration", "fixed_cost", "recovery")
 
 
 def _only(parts: list[str]) -> None:
@@ -121,6 +133,8 @@ def _only(parts: list[str]) -> None:
         figures["orchestration overhead / wall time"] = (wall - tasks_total) / wall
     if "fixed_cost" in parts:
         figures["fixed_cost"] = _fixed_cost()
+    if "recovery" in parts:
+        figures["recovery"] = _recovery()
     figures["load_average_after"] = os.getloadavg()
     sys.stdout.write(json.dumps(figures, indent=1) + "\n")
 
@@ -130,6 +144,18 @@ def _fixed_cost() -> dict[str, Any]:
     output = subprocess.run(
         [sys.executable, "-m", "benchmarks.fixed_cost"],
         capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    return dict(json.loads(output.strip().splitlines()[-1]))
+
+
+def _recovery() -> dict[str, Any]:
+    """`benchmarks.recovery` in its own process (this process's state folder)."""
+    output = subprocess.run(
+        [sys.executable, "-m", "benchmarks.recovery"],
+        stdout=subprocess.PIPE,
         text=True,
         check=True,
         cwd=ROOT,
@@ -397,6 +423,10 @@ def _rows(figures: dict[str, Any], previous: dict[str, float]) -> list[dict[str,
             figures["streaming"]["peak_rss_mb"],
             None,
         ),
+        **{
+            RECOVERY.format(case=key.split("/")[0], spares=key.split("/")[1]): (seconds, None)
+            for key, seconds in figures["recovery"]["median_recovery_seconds"].items()
+        },
         **{
             f"launcher ray vs local, {label} throughput": (
                 figures["ray"][f"{name}/ray"]["examples_per_second"]

@@ -280,7 +280,7 @@ class _Running(Running):
         self._start()
 
     def _start(self) -> None:
-        spare = self.spares.take() if self.spares is not None else None
+        spare = self.spares.take(self.member.module) if self.spares is not None else None
         if spare is not None:
             spare.become(self.command, self.env, self.take_line)
             self.process, self.reader = spare.process, spare.reader
@@ -454,8 +454,11 @@ class Cluster:
             return
         if any(child.restarted_at is not None for child in running.values()):
             return  # a recovery is under way: it gets the cores first
-        rejoining = sum(child.member.rejoins for child in running.values())
-        self.spares.fill(wanted_for(rejoining, len(running)))
+        rejoining = [child.member for child in running.values() if child.member.rejoins]
+        # The program of the members a loss starts again: a rejoining worker's, else the result
+        # member's (a training process).
+        module = (rejoining[0] if rejoining else result_member.member).module
+        self.spares.fill(wanted_for(len(rejoining), len(running)), module)
 
     def _rejoin(self, child: Running, returncode: int | None, result_member: Running) -> bool:
         """Start a lost parameter-server worker again in place, if it may; True if it was."""

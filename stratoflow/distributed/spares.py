@@ -3,8 +3,9 @@
 Most of a recovery is a new process importing TensorFlow (docs/BENCHMARKS.md, "Recovery"). With a
 run's `warm_spares` on, the local launcher keeps spares once training runs: one for a
 parameter-server cluster (a lost worker rejoins in place, one at a time), one per member for the
-others (a loss restarts every member). A spare is `python -m stratoflow.distributed.spares`: it
-imports TensorFlow as a member does (`lean_tensorflow`), then blocks on its stdin. The launcher
+others (a loss restarts every member). A spare is `python -m stratoflow.distributed.spares
+MODULE`: it imports TensorFlow as a member does (`lean_tensorflow`), and what member program
+MODULE would import (its `import_ahead`, if it has one), then blocks on its stdin. The launcher
 hands it a member's command and environment on one line; it takes them on and runs the member's
 module as `python -m` would. An unused spare is killed with the cluster (and dies with its parent).
 
@@ -13,6 +14,7 @@ The supervisor's side is `Spares`; the spare's is `main`.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -32,18 +34,22 @@ logger = logging.getLogger(__name__)
 # A spare prints this line once TensorFlow is imported and it waits for a member to become.
 WARM_MARKER = "STRATOFLOW-SPARE-WARM"
 MODULE = "stratoflow.distributed.spares"
+# The lines of a spare's output kept to say why it died unused.
+TAIL_LINES = 20
 
 
 class Spare:
     """One started spare, its output read by a thread until it becomes a member."""
 
-    def __init__(self, env: Mapping[str, str]):
+    def __init__(self, env: Mapping[str, str], module: str):
         import signal
 
+        self.module = module
         self.warm = False
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._sink: Callable[[str], None] = self._before_use
         self.process = subprocess.Popen(
-            [sys.executable, "-m", MODULE],
+            [sys.executable, "-m", MODULE, module],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -65,6 +71,7 @@ class Spare:
             self.warm = True
             logger.info("warm spare ready (pid %d)", self.process.pid)
         else:
+            self.tail.append(line)
             logger.debug("[spare pid %d] %s", self.process.pid, line)
 
     def become(
@@ -97,23 +104,37 @@ class Spares:
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
         self.waiting: list[Spare] = []
+        # Set when a spare died unused: the next would too (the same program and environment),
+        # so the run goes on without spares rather than starting them in a loop.
+        self.given_up = False
 
-    def fill(self, wanted: int) -> None:
-        """Start spares until `wanted` are waiting (a dead one is replaced)."""
+    def fill(self, wanted: int, module: str) -> None:
+        """Start spares for member program `module` until `wanted` are waiting; none any more
+        once one died unused."""
         for spare in [s for s in self.waiting if not s.alive()]:
-            logger.warning("warm spare pid %d exited before use", spare.process.pid)
             self.waiting.remove(spare)
-        while len(self.waiting) < wanted:
-            spare = Spare(self.env)
+            if not self.given_up:
+                spare.reader.join(timeout=5)  # its last lines say why
+                logger.warning(
+                    "warm spare pid %d exited with status %s before use: no more spares in this "
+                    "run. Its last lines:\n%s",
+                    spare.process.pid,
+                    spare.process.returncode,
+                    "\n".join(spare.tail),
+                )
+            self.given_up = True
+        while not self.given_up and len(self.waiting) < wanted:
+            spare = Spare(self.env, module)
             logger.info("starting a warm spare (pid %d)", spare.process.pid)
             self.waiting.append(spare)
 
-    def take(self) -> Spare | None:
-        """A waiting spare (the warm ones first), or None."""
+    def take(self, module: str) -> Spare | None:
+        """A waiting spare, or None: the warm ones for member program `module` first (any spare
+        can run any member program; one made for it imported more ahead)."""
         alive = [s for s in self.waiting if s.alive()]
         if not alive:
             return None
-        spare = next((s for s in alive if s.warm), alive[0])
+        spare = min(alive, key=lambda s: (not s.warm, s.module != module))
         self.waiting.remove(spare)
         return spare
 
@@ -131,10 +152,15 @@ def wanted_for(rejoining_members: int, members: int) -> int:
 
 
 def main() -> None:
-    """The spare's side: import TensorFlow, wait for a member's command, run it."""
+    """The spare's side: import TensorFlow and what member program `sys.argv[1]` imports, wait
+    for a member's command, run it."""
+    import importlib
+
     from stratoflow.distributed import lean_tensorflow
 
+    member_program = importlib.import_module(sys.argv[1])  # light: its imports are in functions
     lean_tensorflow.import_tensorflow()
+    getattr(member_program, "import_ahead", lambda: None)()
     announce(WARM_MARKER)
     line = sys.stdin.readline()
     if not line:  # the launcher went away or closed the pool

@@ -21,6 +21,19 @@ from stratoflow.distributed import lean_tensorflow
 from stratoflow.distributed.protocol import TrainingPayload, child_main
 
 
+def import_ahead() -> None:
+    """Import what `main` imports, TensorFlow first and lean: a warm spare
+    (`stratoflow.distributed.spares`) does it before it becomes a training process. Imports
+    only: TensorFlow's runtime starts later, once `main` has configured the devices."""
+    lean_tensorflow.import_tensorflow()
+    import stratoflow.data.datasets
+    import stratoflow.tracking.environment
+    import stratoflow.tracking.mlflow_runs
+    import stratoflow.tracking.system_metrics
+    import stratoflow.training.progress
+    import stratoflow.training.trainer  # noqa: F401
+
+
 def main(payload_path: str, result_path: str) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout
