@@ -172,7 +172,7 @@ class TrainingConfig:
         title="Warm spares",
         help="launcher 'local' only: once training runs, keep spare processes that have "
         "imported TensorFlow and replace a lost member at once (one for parameter_server, one "
-        "per member otherwise; each costs a TensorFlow import and about 400 MB of memory).",
+        "per member otherwise; each costs a TensorFlow import and about 600 MB of memory).",
     )
     loop: str = _setting(
         "custom",

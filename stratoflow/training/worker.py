@@ -26,6 +26,10 @@ def import_ahead() -> None:
     (`stratoflow.distributed.spares`) does it before it becomes a training process. Imports
     only: TensorFlow's runtime starts later, once `main` has configured the devices."""
     lean_tensorflow.import_tensorflow()
+    # What the chief's MLflow calls import when they are first made (any spare may become it).
+    import mlflow.entities
+    import mlflow.system_metrics.system_metrics_monitor  # noqa: F401
+
     import stratoflow.data.datasets
     import stratoflow.tracking.environment
     import stratoflow.tracking.mlflow_runs
