@@ -217,7 +217,7 @@ def test_sigterm_stops_the_whole_run_and_marks_it_killed(mlflow_client: Any, air
 
 
 def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
-    mlflow_client: Any, airflow_db: Path
+    mlflow_client: Any, airflow_db: Path, caplog: pytest.LogCaptureFixture
 ):
     training = start_training(mlflow_client)
     run_id = training.mlflow_run.info.run_id
@@ -243,10 +243,23 @@ def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
     assert dag_run_states(airflow_db, dag_run_id)[0] == "running"
     assert mlflow_client.get_run(run_id).info.status == "RUNNING"
 
-    assert dag_run_id in runner.reconcile_orphaned_runs(airflow_db.parent)
+    # The next run ends it before it starts: the killed runner's record of its `airflow dags
+    # test` is left, its process gone. (A DAG that does not exist: what a run does before
+    # Airflow runs anything is what counts here.)
+    home = airflow_db.parent
+    with (
+        caplog.at_level(logging.WARNING, logger=runner.__name__),
+        pytest.raises(runner.RunError, match="No DAG run of retrain_no_such_pipeline"),
+    ):
+        runner.dags_test("retrain_no_such_pipeline", {}, home, airflow_setup.airflow_env(home))
+    assert (
+        f"DAG run {dag_run_id} of retrain_mnist was left running by a killed stratoflow run: "
+        f"marked failed (train_model was running), MLflow run {run_id} marked KILLED"
+    ) in caplog.text
 
     assert mlflow_client.get_run(run_id).info.status == "KILLED"
     state, tasks = dag_run_states(airflow_db, dag_run_id)
     assert state == "failed"
     assert tasks["train_model"] == "failed"
-    assert runner.reconcile_orphaned_runs(airflow_db.parent) == []
+    assert runner.reconcile_orphaned_runs(home) == []
+    assert list((home / runner.DAGS_TEST_RECORDS).iterdir()) == []  # nothing left to look for
