@@ -282,15 +282,16 @@ def next_run_ends(
     dag_run_id: str,
     run_id: str,
 ) -> None:
-    """The next run (of a DAG that does not exist: what a run does before Airflow runs anything
-    is what counts) marks DAG run `dag_run_id` failed and MLflow run `run_id` KILLED, and
-    leaves nothing for a later run to look for."""
+    """The next run marks DAG run `dag_run_id` failed and MLflow run `run_id` KILLED before it
+    starts, and leaves nothing for a later run to look for. Its conf is one Airflow refuses
+    before it creates a DAG run: what a run does before Airflow runs anything is what counts,
+    and the DAG's earlier runs must not be taken for its own."""
     home = airflow_db.parent
     with (
         caplog.at_level(logging.WARNING, logger=runner.__name__),
-        pytest.raises(runner.RunError, match="No DAG run of retrain_no_such_pipeline"),
+        pytest.raises(runner.RunError, match="No DAG run of retrain_mnist was created"),
     ):
-        runner.dags_test("retrain_no_such_pipeline", {}, home, airflow_setup.airflow_env(home))
+        runner.dags_test("retrain_mnist", {"epochs": "many"}, home, airflow_setup.airflow_env(home))
     assert (
         f"DAG run {dag_run_id} of retrain_mnist was left running by a killed stratoflow run: "
         f"marked failed (train_model was running), MLflow run {run_id} marked KILLED"
