@@ -2,8 +2,9 @@
 
 The task that ends the run (`log_and_register`, or `promote_champion` after an approval) has
 MLflow loaded and writes what `reports.describe_dag_run` says of the run to the run folder; the
-CLI reads that file instead of importing MLflow itself (about 2 s of CPU on every run). The file
-is the CLI's only reader's: what the run folder holds is its owner's only.
+CLI reads that file instead of importing MLflow itself (about 2 s of CPU on every run). It holds
+nothing secret (ids, metrics, the gate's reasons, the UI command); like all of the run folder,
+it is its owner's only (the run's umask).
 """
 
 from __future__ import annotations
