@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from stratoflow.services.airflow_setup import (
 )
 from stratoflow.services.file_modes import OWNER_ONLY_UMASK, private_folder, private_state_folder
 from stratoflow.services.state_files import write_private
+from stratoflow.tracking import run_summary
 
 log = logging.getLogger(__name__)
 
@@ -229,21 +231,26 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     raises `RunStopped`. If this process is SIGKILLed, `airflow dags test` gets SIGKILL too
     (`PR_SET_PDEATHSIG`; its training processes die with it the same way), and the next call
     finishes off what it left running (`reconcile_orphaned_runs`). The DAG runs are read and
-    marked through Airflow's own API (`stratoflow.services.airflow_runs`).
+    marked through Airflow's own API (`stratoflow.services.airflow_runs`), which costs a process
+    importing Airflow: a run asks it nothing before it starts unless a record of an earlier
+    `airflow dags test` is left whose process is gone (a killed runner's, or a crash's), and
+    nothing after a run that succeeded.
 
     Raises:
         RunError: the DAG run failed or was not created (names the failed tasks and, last, the
             exception each one raised, read from the output of `airflow dags test`).
         RunStopped: SIGINT or SIGTERM stopped it; the message says what was stopped.
     """
-    try:
-        before = _overview(home, env, dag_id)
-    except AirflowRunsError as error:
-        raise RunError(str(error)) from None
-    _end_orphaned_runs(home, env, before.running)
-    previous = before.latest[0] if before.latest else None
+    if _left_behind(home):
+        try:
+            reconcile_orphaned_runs(home, env)
+        except AirflowRunsError as error:
+            raise RunError(str(error)) from None
     command = airflow_command("dags", "test", dag_id, "-c", json.dumps(conf))
     log.info("Running %s with conf %s (Airflow home %s)", dag_id, json.dumps(conf), home)
+    # The DAG run Airflow creates for this command is the newest one created from now on: what
+    # a stop or a failure marks or reports, and never an earlier run.
+    started = datetime.now(UTC)
     # Its stdout (Airflow's log, where a task's exception is) is copied to ours as it comes,
     # so the task logs stream as they are written, and read for why a task failed; stderr goes
     # straight to ours. Unbuffered, so that print() output keeps its place among the log lines.
@@ -259,6 +266,8 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
         preexec_fn=die_with_parent(signal.SIGKILL),
     )
     record = ManagedProcess.started(process)
+    # Removed once nothing of the run can be left running; left behind (by a SIGKILL, a crash
+    # of `airflow dags test`), it tells the next run to look for orphaned DAG runs.
     record_path = remember_dags_test(home, record)
     reader = TaskFailureReader()
     outcome = DagRunOutcome()
@@ -274,20 +283,24 @@ def dags_test(dag_id: str, conf: Mapping[str, Any], home: Path, env: Mapping[str
     except KeyboardInterrupt as interrupt:
         signum = getattr(interrupt, "signum", signal.SIGINT)
         with _handling(STOP_SIGNALS, signal.SIG_IGN):  # a 2nd Ctrl-C must not cut the clean-up
-            raise _stop(record, dag_id, env, previous, signum) from None
+            raise _stop(record, record_path, dag_id, env, started, signum) from None
     finally:
         # A process it left behind may hold the pipe open: do not wait for it for long.
         copier.join(OUTPUT_DRAIN_SECONDS)
-        record_path.unlink(missing_ok=True)
     # `dags test` makes up its run id (manual__<time>) and says it at the end of a run that
     # finished; otherwise (a crash, a kill) the metadata DB knows which run it was.
+    if outcome.finished:  # Airflow ended the DAG run itself: nothing of it is left running
+        record_path.unlink(missing_ok=True)
     if returncode == 0 and outcome.finished and outcome.finished[1] == "success":
         return outcome.finished[0]
-    try:
-        latest = airflow_runs.overview(env, dag_id).latest
-    except AirflowRunsError as error:
-        raise RunError(f"airflow dags test exited {returncode}, then {error}") from None
-    run = latest if latest and latest[0] != previous else None
+    run = outcome.finished
+    if run is None:
+        try:
+            run = airflow_runs.overview(env, dag_id, since=started).latest
+        except AirflowRunsError as error:
+            raise RunError(f"airflow dags test exited {returncode}, then {error}") from None
+        if run is None or run[1] != "running":  # else the next run ends it (its record stays)
+            record_path.unlink(missing_ok=True)
     if returncode or run is None or run[1] != "success":
         raise RunError(
             _failure_message(dag_id, returncode, env, run, reader.failures),
@@ -376,9 +389,10 @@ def _failure_message(
 
 def _stop(
     record: ManagedProcess,
+    record_path: Path,
     dag_id: str,
     env: Mapping[str, str],
-    previous: str | None,
+    started: datetime,
     signum: int,
 ) -> RunStopped:
     name = signal.Signals(signum).name
@@ -387,9 +401,10 @@ def _stop(
         f" and the {killed} process(es) it had started" if killed else ""
     )
     try:
-        failed = airflow_runs.fail_newest(env, dag_id, unless=previous)
-    except AirflowRunsError as error:
+        failed = airflow_runs.fail_newest(env, dag_id, since=started)
+    except AirflowRunsError as error:  # its record stays: the next run ends the DAG run
         return RunStopped(f"{what}; its DAG run could not be marked failed ({error}).", signum)
+    record_path.unlink(missing_ok=True)
     if failed is None:
         return RunStopped(f"{what} before it created a DAG run.", signum)
     run_id, interrupted = failed
@@ -397,25 +412,37 @@ def _stop(
     return RunStopped(f"{what}; DAG run {run_id} of {dag_id} {ended}.", signum, run_id)
 
 
-def reconcile_orphaned_runs(home: Path) -> list[str]:
+def reconcile_orphaned_runs(home: Path, env: Mapping[str, str] | None = None) -> list[str]:
     """Fail the DAG runs of Airflow home `home` that a killed `airflow dags test` left running.
 
     The local runner has no scheduler to notice: a DAG run is orphaned when it is "running" and
     none of its task instances' processes (`task_instance.pid`, set by `airflow dags test`) is
     one the runner started and still running (`DAGS_TEST_RECORDS`). Each is marked failed, its
-    MLflow runs KILLED (one log line per run).
+    MLflow runs KILLED (one log line per run). `dags_test` calls it when a record of a process
+    that has ended is left behind.
+
+    Args:
+        home: the Airflow home.
+        env: its Airflow environment; `airflow_env(home)` by default.
 
     Returns:
         The run ids it marked failed.
+
+    Raises:
+        AirflowRunsError: the running DAG runs could not be read.
     """
-    env = airflow_env(home)
-    return _end_orphaned_runs(home, env, _overview(home, env, "").running)
+    env = airflow_env(home) if env is None else env
+    running = airflow_runs.overview(env, "").running if (home / "airflow.db").is_file() else {}
+    return _end_orphaned_runs(home, env, running)
 
 
-def _overview(home: Path, env: Mapping[str, str], dag_id: str) -> airflow_runs.Overview:
-    if not (home / "airflow.db").is_file():
-        return airflow_runs.Overview(latest=None, running={})
-    return airflow_runs.overview(env, dag_id)
+def _left_behind(home: Path) -> bool:
+    """Whether a record of an `airflow dags test` is left whose process has ended: a runner was
+    killed (or its `airflow dags test` crashed) and may have left a DAG run running."""
+    return any(
+        not is_running_dags_test(home, int(path.stem))
+        for path in (home / DAGS_TEST_RECORDS).glob("*.json")
+    )
 
 
 def _end_orphaned_runs(
@@ -529,10 +556,14 @@ def _failed_tasks(env: Mapping[str, str], dag_id: str, run_id: str) -> list[tupl
 
 
 def _print_summary(pipeline: str, run_id: str) -> int:
+    dag_id = names.retrain_dag_id(pipeline)
     try:
-        from stratoflow.tracking.reports import describe_dag_run
+        # Kept by the run's last task; only without it does this process import MLflow.
+        summary = run_summary.recorded(dag_id, run_id)
+        if summary is None:
+            from stratoflow.tracking.reports import describe_dag_run
 
-        summary = describe_dag_run(pipeline, names.retrain_dag_id(pipeline), run_id)
+            summary = describe_dag_run(pipeline, dag_id, run_id)
     except Exception:
         log.exception("The DAG run %s succeeded, but summarising it failed", run_id)
         return 1
@@ -598,7 +629,8 @@ def format_summary(pipeline: str, run_id: str, summary: Mapping[str, Any]) -> st
     Args:
         pipeline: the pipeline name.
         run_id: the Airflow run id.
-        summary: `stratoflow.tracking.reports.describe_dag_run`'s result.
+        summary: `stratoflow.tracking.reports.describe_dag_run`'s result (as the run's last
+            task kept it: `stratoflow.tracking.run_summary`).
     """
     metrics = summary.get("test_metrics") or {}
     aliases: Sequence[str] = summary.get("aliases") or []

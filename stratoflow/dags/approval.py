@@ -99,9 +99,12 @@ def add_approval_steps(dag: DAG, spec: PipelineSpec, registered: Any) -> None:
     ) -> dict[str, Any]:
         from stratoflow.tasks import approve
         from stratoflow.tasks.register import Registration
+        from stratoflow.tracking import run_summary
 
         run = factory.airflow_run(context)
-        return approve.decide(run, Registration.from_dict(registration), response).to_dict()
+        decision = approve.decide(run, Registration.from_dict(registration), response).to_dict()
+        run_summary.record(spec.name, run.dag_id, run.run_id)  # champion may have moved
+        return decision
 
     registered >> approval
     promote_champion(registered, approval.output)

@@ -171,14 +171,18 @@ def build_dag(spec: PipelineSpec) -> DAG:
             from stratoflow.tasks.evaluate import Evaluation
             from stratoflow.tasks.prepare import PreparedDataset
             from stratoflow.tasks.train import TrainedModel
+            from stratoflow.tracking import run_summary
 
             run = factory.airflow_run(context)
-            return register.log_and_register(
+            registration = register.log_and_register(
                 run,
                 PreparedDataset.from_dict(prepared),
                 TrainedModel.from_dict(trained),
                 Evaluation.from_dict(evaluated),
             ).to_dict()
+            # What `stratoflow run` prints, kept while MLflow is loaded here.
+            run_summary.record(pipeline, run.dag_id, run.run_id)
+            return registration
 
         # At parse time these are XComArgs standing in for the dicts the tasks will receive.
         prepared: Any = prepare_dataset()

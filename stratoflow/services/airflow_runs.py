@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ class Overview:
     """What the runner needs to know before and after a DAG run.
 
     Attributes:
-        latest: (run id, state) of the DAG's newest run, or None.
+        latest: (run id, state) of the DAG's newest run (created at or after `since`, when
+            asked so), or None.
         running: (dag id, run id) of each running DAG run -> the PIDs its task instances
             recorded (`airflow dags test` records its own).
     """
@@ -40,9 +42,16 @@ class Overview:
     running: dict[tuple[str, str], list[int]]
 
 
-def overview(env: Mapping[str, str], dag_id: str) -> Overview:
-    """The newest run of `dag_id` and every running DAG run with its task PIDs."""
-    answer = _call(env, "overview", dag_id=dag_id)
+def overview(env: Mapping[str, str], dag_id: str, since: datetime | None = None) -> Overview:
+    """The newest run of `dag_id` and every running DAG run with its task PIDs.
+
+    Args:
+        env: the Airflow environment of the home.
+        dag_id: the DAG whose newest run is asked for.
+        since: only a run Airflow created at or after this time (timezone-aware) counts as the
+            newest: the run of a command started then.
+    """
+    answer = _call(env, "overview", dag_id=dag_id, since=_iso(since))
     latest = answer["latest"]
     return Overview(
         latest=(latest[0], latest[1]) if latest else None,
@@ -62,17 +71,24 @@ def mark_failed(env: Mapping[str, str], dag_id: str, run_id: str) -> list[str]:
 
 
 def fail_newest(
-    env: Mapping[str, str], dag_id: str, unless: str | None
+    env: Mapping[str, str], dag_id: str, since: datetime
 ) -> tuple[str, list[str]] | None:
-    """Mark the newest run of `dag_id` failed, unless it is run `unless` (one made before).
+    """Mark the newest run of `dag_id` failed if Airflow created it at or after `since` (the
+    run of a command started then, not an earlier one).
 
     One Airflow start instead of two: a stopped `stratoflow run` waits for it.
 
     Returns:
-        (its run id, the task ids that were running), or None when there is no newer run.
+        (its run id, the task ids that were running), or None when there is no such run.
     """
-    answer = _call(env, "fail_newest", dag_id, unless or "")
+    answer = _call(env, "fail_newest", dag_id, _iso(since))
     return None if answer is None else (str(answer[0]), [str(t) for t in answer[1]])
+
+
+def _iso(moment: datetime | None) -> str:
+    if moment is not None and moment.tzinfo is None:
+        raise ValueError(f"{moment} has no timezone: Airflow's times are UTC")
+    return "" if moment is None else moment.isoformat()
 
 
 def _call(env: Mapping[str, str], operation: str, *args: str, **kwargs: str) -> Any:
@@ -97,16 +113,17 @@ def _call(env: Mapping[str, str], operation: str, *args: str, **kwargs: str) -> 
 # ----- inside the Airflow environment -----------------------------------------------------------
 
 
-def _overview(dag_id: str) -> dict[str, Any]:
+def _overview(dag_id: str, since: str = "") -> dict[str, Any]:
     from airflow.models import DagRun, TaskInstance
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState
     from sqlalchemy import select
 
     with create_session() as session:
-        newest = session.scalars(
-            select(DagRun).where(DagRun.dag_id == dag_id).order_by(DagRun.id.desc()).limit(1)
-        ).first()
+        newest_query = select(DagRun).where(DagRun.dag_id == dag_id)
+        if since:
+            newest_query = newest_query.where(DagRun.created_at >= datetime.fromisoformat(since))
+        newest = session.scalars(newest_query.order_by(DagRun.id.desc()).limit(1)).first()
         running: dict[tuple[str, str], list[int]] = {}
         for dag_run in DagRun.find(state=DagRunState.RUNNING, session=session):
             pids = running.setdefault((dag_run.dag_id, dag_run.run_id), [])
@@ -163,9 +180,9 @@ def _mark_failed(dag_id: str, run_id: str) -> list[str]:
         return [ti.task_id for ti in killed]
 
 
-def _fail_newest(dag_id: str, unless: str) -> list[Any] | None:
-    newest = _overview(dag_id)["latest"]
-    if newest is None or newest[0] == unless:
+def _fail_newest(dag_id: str, since: str) -> list[Any] | None:
+    newest = _overview(dag_id, since)["latest"]
+    if newest is None:
         return None
     return [newest[0], _mark_failed(dag_id, newest[0])]
 

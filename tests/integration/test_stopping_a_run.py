@@ -3,7 +3,8 @@
 Each test starts the real CLI in its own session (as a shell starts a foreground job), waits for
 the first epoch line, signals it, then checks what is left: processes, epochs logged, the MLflow
 run and the Airflow DAG run. Ctrl-C goes to the CLI's whole process group, as a terminal sends
-it; SIGTERM and SIGKILL to the CLI alone, as `kill` does.
+it; SIGTERM and SIGKILL to the CLI alone, as `kill` does; and SIGKILL to its `airflow dags test`
+alone, as the OOM killer might.
 
 The module shares one Airflow home (migrated once) and one fresh MLflow store.
 """
@@ -217,7 +218,7 @@ def test_sigterm_stops_the_whole_run_and_marks_it_killed(mlflow_client: Any, air
 
 
 def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
-    mlflow_client: Any, airflow_db: Path
+    mlflow_client: Any, airflow_db: Path, caplog: pytest.LogCaptureFixture
 ):
     training = start_training(mlflow_client)
     run_id = training.mlflow_run.info.run_id
@@ -243,10 +244,62 @@ def test_sigkill_takes_the_tree_down_and_the_next_run_ends_what_it_left(
     assert dag_run_states(airflow_db, dag_run_id)[0] == "running"
     assert mlflow_client.get_run(run_id).info.status == "RUNNING"
 
-    assert dag_run_id in runner.reconcile_orphaned_runs(airflow_db.parent)
+    # The next run ends it before it starts: the killed runner's record of its `airflow dags
+    # test` is left, its process gone.
+    next_run_ends(mlflow_client, airflow_db, caplog, dag_run_id, run_id)
+
+
+def test_a_dead_airflow_dags_test_leaves_its_dag_run_to_the_next_run(
+    mlflow_client: Any, airflow_db: Path, caplog: pytest.LogCaptureFixture
+):
+    """`airflow dags test` dies under a living CLI (the OOM killer, a crash in a task): the CLI
+    fails saying which DAG run was left running, and keeps its record of the process, so the
+    next run ends that DAG run before it starts, as after a SIGKILLed CLI."""
+    training = start_training(mlflow_client)
+    run_id = training.mlflow_run.info.run_id
+    dag_run_id = training.mlflow_run.data.tags["airflow.run_id"]
+    (dags_test,) = [p for p in training.tree if "airflow dags test" in " ".join(p.cmdline())]
+    sent = time.monotonic()
+    dags_test.kill()
+
+    assert seconds_until_gone(training.tree, sent, TREE_GONE_S) is not None
+    assert training.process.wait(STOP_TIMEOUT_S) == 1, training.output()[-3000:]
+    said = f"DAG run {dag_run_id} of retrain_mnist running (airflow dags test exit code -9)"
+    deadline = time.monotonic() + 10  # the reader thread may still be copying the last lines
+    while said not in training.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert said in training.output(), training.output()[-3000:]
+    assert dag_run_states(airflow_db, dag_run_id)[0] == "running"
+    assert mlflow_client.get_run(run_id).info.status == "RUNNING"
+
+    next_run_ends(mlflow_client, airflow_db, caplog, dag_run_id, run_id)
+
+
+def next_run_ends(
+    mlflow_client: Any,
+    airflow_db: Path,
+    caplog: pytest.LogCaptureFixture,
+    dag_run_id: str,
+    run_id: str,
+) -> None:
+    """The next run marks DAG run `dag_run_id` failed and MLflow run `run_id` KILLED before it
+    starts, and leaves nothing for a later run to look for. Its conf is one Airflow refuses
+    before it creates a DAG run: what a run does before Airflow runs anything is what counts,
+    and the DAG's earlier runs must not be taken for its own."""
+    home = airflow_db.parent
+    with (
+        caplog.at_level(logging.WARNING, logger=runner.__name__),
+        pytest.raises(runner.RunError, match="No DAG run of retrain_mnist was created"),
+    ):
+        runner.dags_test("retrain_mnist", {"epochs": "many"}, home, airflow_setup.airflow_env(home))
+    assert (
+        f"DAG run {dag_run_id} of retrain_mnist was left running by a killed stratoflow run: "
+        f"marked failed (train_model was running), MLflow run {run_id} marked KILLED"
+    ) in caplog.text
 
     assert mlflow_client.get_run(run_id).info.status == "KILLED"
     state, tasks = dag_run_states(airflow_db, dag_run_id)
     assert state == "failed"
     assert tasks["train_model"] == "failed"
-    assert runner.reconcile_orphaned_runs(airflow_db.parent) == []
+    assert runner.reconcile_orphaned_runs(home) == []
+    assert list((home / runner.DAGS_TEST_RECORDS).iterdir()) == []  # nothing left to look for

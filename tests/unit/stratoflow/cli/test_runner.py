@@ -1,9 +1,10 @@
-"""The local runner's own records of the `airflow dags test` processes it started, and the conf
-it starts a run with."""
+"""The local runner's own records of the `airflow dags test` processes it started, the conf it
+starts a run with, and the summary it prints."""
 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from stratoflow.cli import runner
+from stratoflow.config import locations
 from stratoflow.distributed.processes import ManagedProcess
 
 
@@ -90,3 +92,52 @@ def test_the_dag_run_gets_the_conf_the_runner_resolved(monkeypatch: pytest.Monke
     (conf,) = given
     assert conf == resolve_plan("mnist", {"launcher": "ray", "epochs": 2}).conf()
     assert (conf["ray_cluster"], conf["epochs"], conf["strategy"]) == ("default", 2, "one_device")
+
+
+# A summary as `stratoflow.tracking.reports.describe_dag_run` gives it (a real run's).
+SUMMARY = {
+    "mlflow_run_id": "dcb81f63bc6740acad50064e1d3ff39e",
+    "status": "FINISHED",
+    "test_metrics": {"test_accuracy": 0.8938547486033519, "test_loss": 0.41206178069114685},
+    "registered_model": "stratoflow-digits",
+    "version": "1",
+    "aliases": ["challenger"],
+    "gate": "test_accuracy 0.8939 is below the minimum 0.9000",
+    "ui_command": "mlflow ui --backend-store-uri sqlite:////tmp/s/mlflow.db --port 5000",
+}
+PRINT_SUMMARY = """
+import json, sys
+from stratoflow.cli import runner
+from stratoflow.tracking import run_summary
+
+path = run_summary.summary_path("retrain_digits", sys.argv[1])
+path.parent.mkdir(parents=True)
+path.write_text(sys.argv[2])
+code = runner._print_summary("digits", sys.argv[1])
+print("mlflow imported:", "mlflow" in sys.modules, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_the_summary_is_printed_from_what_the_run_kept_without_importing_mlflow(
+    tmp_path: Path,
+) -> None:
+    """The run's last task keeps the summary in the run folder; the CLI prints it as it printed
+    what it asked MLflow (`format_summary`), without MLflow's import (about 2 s of CPU). The
+    store here holds no run: asked, MLflow would find none."""
+    run_id = FINISHED_LINE.split("run_id=")[1].split(",")[0]
+    done = subprocess.run(
+        [sys.executable, "-c", PRINT_SUMMARY, run_id, json.dumps(SUMMARY)],
+        env={
+            **os.environ,
+            locations.STATE_DIR_ENV: str(tmp_path),
+            locations.TRACKING_URI_ENV: f"sqlite:///{tmp_path / 'mlflow.db'}",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == runner.format_summary("digits", run_id, SUMMARY)
+    assert "mlflow imported: False" in done.stderr
