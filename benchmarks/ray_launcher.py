@@ -6,13 +6,17 @@ The Ray cluster is the tests' one (`tests/support/ray_hosts.py`): a head and two
 network namespaces on this machine. Every run is `stratoflow.tasks.train.train` (the training task's
 body) started on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local`
 launcher runs its members there too and both sides use the same cores. Run alone:
-`python -m benchmarks.ray_launcher` prints the figures as JSON.
+`python -m benchmarks.ray_launcher` prints the figures as JSON; `python -m benchmarks.ray_launcher
+throughput [ROUNDS [PARTIAL]]` only the local-vs-ray throughput pairs (no recoveries), each with
+what its member processes run with (`member_settings`: threads, nice level, CPU affinity).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import statistics
 import subprocess
 import sys
@@ -92,26 +96,7 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
         def on_head(
             conf: dict[str, Any], during: Callable[[], Any] | None = None
         ) -> dict[str, Any]:
-            with tempfile.TemporaryDirectory(prefix="stratoflow-bench-ray-") as folder:
-                out = Path(folder) / "figures.json"
-                command = [sys.executable, "-m", "benchmarks.ray_launcher", "run"]
-                env = {**hosts.env(), "STRATOFLOW_RAY_ADDRESS": hosts.ray_address}
-                process = subprocess.Popen(
-                    hosts.in_host(HEAD, [*command, json.dumps(conf), str(out)]),
-                    env=env,
-                    cwd=Path(__file__).resolve().parents[1],
-                )
-                acted: dict[str, Any] = {}
-                if during is not None:
-                    acted = _at_first_checkpoint(process, during)
-                returncode = process.wait(timeout=1200)
-                if not out.exists():  # the task process itself died (e.g. with the Ray head)
-                    return acted | {
-                        "error": f"the task process died (exit status {returncode})",
-                        "failed_at": time.time(),
-                    }
-                result = json.loads(out.read_text())
-                return result | acted
+            return _on_head(hosts, conf, during)
 
         for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
             for launcher in ("local", "ray"):
@@ -160,6 +145,107 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
     return dict(figures)
 
 
+def throughput(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
+    """The throughput part of `measure` alone, `rounds` times (local then ray, back to back),
+    with what each member process runs with (`member_settings`) seen at the first checkpoint."""
+    from tests.support.ray_hosts import ray_hosts
+
+    figures = _Figures(partial)
+    with ray_hosts(workers=2) as hosts:
+        for number in range(1, rounds + 1):
+            for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
+                for launcher in ("local", "ray"):
+                    logger.info("round %d: %s, launcher %s", number, name, launcher)
+                    figures[f"{number}/{name}/{launcher}"] = _on_head(
+                        hosts,
+                        {**conf, "launcher": launcher},
+                        lambda: member_settings(hosts),
+                        load=True,
+                    )
+    return dict(figures)
+
+
+MEMBER_MODULES = ("stratoflow.training.worker", "stratoflow.distributed.server")
+# The variables that tune a member's threads.
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS")
+
+
+def member_settings(hosts: Any, window_seconds: float = 1.0) -> dict[str, Any]:
+    """What every member process on the hosts runs with (its thread variables, threads, CPU
+    affinity, nice level, variables by name), its share of a core over `window_seconds`, and the
+    share of everything else running in the hosts' namespaces (Ray, the driver)."""
+    import psutil
+
+    seen = []
+    for host in hosts.hosts:
+        for pid in hosts.pids(host):
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                seen.append((host, process, process.cpu_times(), " ".join(process.cmdline())))
+    members: dict[str, Any] = {}
+    for host, process, _, command in seen:
+        if any(module in command for module in MEMBER_MODULES):
+            with contextlib.suppress(psutil.Error):
+                environ = process.environ()
+                task = json.loads(environ.get("TF_CONFIG") or "{}").get("task", {})
+                members[f"{task.get('type')}_{task.get('index')}"] = {
+                    "pid": process.pid,
+                    "host": host,
+                    "threads": process.num_threads(),
+                    "affinity": process.cpu_affinity(),
+                    "nice": process.nice(),
+                    **{name: environ.get(name) for name in THREAD_VARIABLES},
+                    "variables": sorted(environ),
+                }
+    time.sleep(window_seconds)
+    others = 0.0
+    for _, process, before, command in seen:
+        with contextlib.suppress(psutil.Error):
+            after = process.cpu_times()
+            share = (after.user + after.system - before.user - before.system) / window_seconds
+            if any(module in command for module in MEMBER_MODULES):
+                for member in members.values():
+                    if member["pid"] == process.pid:
+                        member["cpu_share"] = round(share, 3)
+            else:
+                others += share
+    return {"members": members, "others_cpu_share": round(others, 3)}
+
+
+def _on_head(
+    hosts: Any,
+    conf: dict[str, Any],
+    during: Callable[[], Any] | None = None,
+    load: bool = False,
+) -> dict[str, Any]:
+    """Run `conf` on the head host (`run`); `during` is called at the first checkpoint."""
+    from tests.support.ray_hosts import HEAD
+
+    with tempfile.TemporaryDirectory(prefix="stratoflow-bench-ray-") as folder:
+        out = Path(folder) / "figures.json"
+        command = [sys.executable, "-m", "benchmarks.ray_launcher", "run"]
+        env = {**hosts.env(), "STRATOFLOW_RAY_ADDRESS": hosts.ray_address}
+        load_before = os.getloadavg()[0]
+        process = subprocess.Popen(
+            hosts.in_host(HEAD, [*command, json.dumps(conf), str(out)]),
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        acted: dict[str, Any] = {}
+        if during is not None:
+            acted = _at_first_checkpoint(process, during)
+        returncode = process.wait(timeout=1200)
+        if load:
+            acted["load_average_1min"] = [load_before, os.getloadavg()[0]]
+        if not out.exists():  # the task process itself died (e.g. with the Ray head)
+            return acted | {
+                "error": f"the task process died (exit status {returncode})",
+                "failed_at": time.time(),
+            }
+        result = json.loads(out.read_text())
+        return result | acted
+
+
 def _member(hosts: Any, job: str, index: int) -> Any:
     import psutil
 
@@ -193,6 +279,13 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if sys.argv[1:2] == ["run"]:
         run(json.loads(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1:2] == ["throughput"]:  # throughput [ROUNDS [PARTIAL]]: no recoveries
+        from benchmarks.throwaway import use_throwaway_state
+
+        use_throwaway_state()
+        rounds = int(sys.argv[2]) if sys.argv[2:] else 1
+        partial = Path(sys.argv[3]) if sys.argv[3:] else None
+        sys.stdout.write(json.dumps(throughput(rounds, partial), indent=1) + "\n")
     else:
         from benchmarks.throwaway import use_throwaway_state
 
