@@ -109,16 +109,18 @@ def _env(
     }
 
 
-def host_share(workers: int) -> dict[str, str]:
-    """Each of `workers` processes on this host computes with its share of the cores.
+def host_share(workers: int, cores: int | None = None) -> dict[str, str]:
+    """Each of `workers` processes on one machine computes with its share of its `cores` (this
+    host's by default).
 
-    TensorFlow gives every process as many intra-op threads as the host has cores, so N local
-    workers would run N x cores threads on the cores and wait on each other's preempted threads
-    at every collective. A TF_NUM_INTRAOP_THREADS already set by the user wins.
+    TensorFlow gives every process as many intra-op threads as the host has cores, so N
+    workers on one machine would run N x cores threads on the cores and wait on each other's
+    preempted threads at every collective. A TF_NUM_INTRAOP_THREADS already set by the user wins.
     """
     if "TF_NUM_INTRAOP_THREADS" in os.environ:
         return {}
-    return {"TF_NUM_INTRAOP_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+    cores = cores or os.cpu_count() or 1
+    return {"TF_NUM_INTRAOP_THREADS": str(max(1, cores // workers))}
 
 
 def this_process_is_chief() -> bool:

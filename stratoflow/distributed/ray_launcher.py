@@ -22,6 +22,7 @@ raylet): docs/how-to/several-machines.md.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from typing import Any
 from stratoflow.config import connections, locations, names
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.config.strategies import ClusterPlan, PlannedMember
-from stratoflow.distributed.cluster import ClusterLayout, free_ports, member_env
+from stratoflow.distributed.cluster import ClusterLayout, free_ports, host_share, member_env
 from stratoflow.distributed.launcher import (
     ChildProcessFailed,
     Cluster,
@@ -87,6 +88,14 @@ FORWARDED_ENV = (
     "PYTHONPATH",
 )
 NAMESPACE = "stratoflow"
+THREADS_ENV = "TF_NUM_INTRAOP_THREADS"
+# Ray starts its worker processes at nice 15 (to keep its own daemons responsive), so a member
+# would yield every core to any other work on the machine; Ray's job supervisor puts its drivers
+# back at the raylet's level the same way: this variable in the actor's runtime environment.
+RAY_NICENESS_ENV = "RAY_worker_niceness"
+# Where Linux names this boot of the kernel: the same in every network namespace or container
+# on one machine, so members there share its cores.
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
 class RayClusterError(ChildProcessFailed):
@@ -109,15 +118,18 @@ class MemberHost:
         self.lock = threading.Lock()
 
     def node(self) -> dict[str, Any]:
-        """This node's address, host name, CPU count and a port free on it a moment ago."""
+        """This node's address, host name, machine, CPU count (and whether the node sets its
+        members' intra-op threads itself) and a port free on it a moment ago."""
         import ray
 
         return {
             "ip": ray.util.get_node_ip_address(),
             "hostname": socket.gethostname(),
             "node_id": ray.get_runtime_context().get_node_id(),
+            "machine": machine_id(),
             "port": free_ports(1)[0],
             "cpus": os.cpu_count(),
+            "sets_threads": THREADS_ENV in os.environ,
         }
 
     def start(self, module: str, payload: str, env: dict[str, str]) -> int:
@@ -128,7 +140,8 @@ class MemberHost:
         payload_path.write_text(payload)
         result_path.unlink(missing_ok=True)
         # The node's environment holds its Ray token: the member gets the allowlist. Ray pins
-        # 1-CPU actors to one OpenMP thread; TensorFlow sizes its own pools.
+        # 1-CPU actors to one OpenMP thread; TensorFlow's pools are sized by the driver
+        # (`thread_shares`), as the local launcher's.
         inherited = {
             k: v for k, v in pipeline_environment(os.environ).items() if k != "OMP_NUM_THREADS"
         }
@@ -415,6 +428,37 @@ class _ActorRunning(Running):
             self.returncode = -signal.SIGKILL
 
 
+def machine_id() -> str:
+    """This machine (its kernel's boot id; the host name where there is none)."""
+    try:
+        return BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def member_niceness() -> int:
+    """The nice level members start at on their node, relative to its raylet: this driver's
+    own, as the local launcher's members inherit it (never below 0: raising a process's
+    priority takes a privilege Ray's workers do not have)."""
+    return max(0, os.getpriority(os.PRIO_PROCESS, 0))
+
+
+def thread_shares(
+    plan: Sequence[PlannedMember], nodes: Sequence[dict[str, Any]]
+) -> list[dict[str, str]]:
+    """Each planned member's intra-op threads (`host_share`), the workers on one machine
+    splitting its cores as the local launcher's do on its host; nothing for the other members,
+    nor where the node or this driver sets TF_NUM_INTRAOP_THREADS itself."""
+    placed = list(zip(plan, nodes, strict=True))
+    workers_on = collections.Counter(node["machine"] for p, node in placed if p.job == "worker")
+    return [
+        host_share(workers_on[node["machine"]], node["cpus"])
+        if planned.job == "worker" and not node.get("sets_threads")
+        else {}
+        for planned, node in placed
+    ]
+
+
 def describe_node(node: dict[str, Any]) -> str:
     return f"{node['ip']} ({node['hostname']})"
 
@@ -451,11 +495,13 @@ class _RayCluster(Cluster):
         try:
             self._wait_placed(group)
             host = ray.remote(num_cpus=1, max_restarts=0)(MemberHost)
+            niceness = {"env_vars": {RAY_NICENESS_ENV: str(member_niceness())}}
             actors = [
                 host.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         group, placement_group_bundle_index=index
-                    )
+                    ),
+                    runtime_env=niceness,
                 ).remote()
                 for index in range(len(self.plan))
             ]
@@ -528,12 +574,12 @@ class _RayCluster(Cluster):
                 planned.module,
                 {
                     **forwarded,
-                    **member_env(layout, planned),
+                    **member_env(layout, planned, threads),
                     names.NODES_ENV: json.dumps(placed),
                     PROCESS_START_ENV: started,
                 },
                 server=planned.server,
                 rejoins=planned.rejoins,
             )
-            for planned in self.plan
+            for planned, threads in zip(self.plan, thread_shares(self.plan, nodes), strict=True)
         ]

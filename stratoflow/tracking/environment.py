@@ -38,7 +38,8 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
     Returns:
         JSON-able: `strategy`, `loop`, `num_replicas`, `num_workers`, `global_batch_size`,
         `versions` (Python and the packages above), `host` (name, platform, CPU count, CPUs this
-        process may use, memory), `devices` (physical and logical, as TensorFlow lists them) and
+        process may use, its intra-op threads and nice level, memory), `devices` (physical and
+        logical, as TensorFlow lists them) and
         `cluster` (workers, ps, the TF_CONFIG jobs with their addresses and this process's
         task, and the node of every member when a launcher placed them on several nodes;
         no jobs for a single-process strategy).
@@ -64,6 +65,8 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
             "platform": platform.platform(),
             "cpu_count": os.cpu_count(),
             "cpus_available": len(os.sched_getaffinity(0)),
+            "intra_op_threads": intra_op_threads(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "memory_mb": round(psutil.virtual_memory().total / 2**20),
         },
         "devices": {
@@ -79,6 +82,21 @@ def describe(result: dict[str, Any]) -> dict[str, Any]:
             "nodes": json.loads(os.environ.get(names.NODES_ENV) or "{}"),
         },
     }
+
+
+def intra_op_threads() -> int:
+    """How many threads TensorFlow runs one op's work on in this process: as configured
+    (`tf.config.threading`), else `$TF_NUM_INTRAOP_THREADS` (a launcher's share of the host),
+    else TensorFlow's default, one per CPU this process may use."""
+    import tensorflow as tf
+
+    configured = tf.config.threading.get_intra_op_parallelism_threads()
+    from_environment = os.environ.get("TF_NUM_INTRAOP_THREADS", "")
+    if configured:
+        return int(configured)
+    if from_environment.isdigit() and int(from_environment) > 0:
+        return int(from_environment)
+    return len(os.sched_getaffinity(0))
 
 
 def tensorflow_distribution() -> str:

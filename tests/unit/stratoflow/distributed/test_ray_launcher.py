@@ -1,19 +1,29 @@
-"""When `ray_launcher.connect` tries a second time, and when it gives up at once.
+"""When `ray_launcher.connect` tries a second time, and when it gives up at once; the thread
+settings the members get from the nodes they were placed on.
 
 The failure the retry is for, Ray's client proxier losing the server process it starts for a
 driver (seen once in CI, a race inside Ray), cannot be provoked on purpose, so `ray.init` is
 replaced here by one that fails as told: a test double for Ray's side only. The real connections
-(through Ray Client and to the GCS, token refused) are in tests/integration/test_ray_hosts.py.
+(through Ray Client and to the GCS, token refused) are in tests/integration/test_ray_hosts.py,
+and so is a real run's member reporting its threads and nice level.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 import ray
 
+from stratoflow.config.strategies import planned_members
+from stratoflow.config.training import TrainingConfig
 from stratoflow.distributed import ray_launcher
+from stratoflow.distributed.launcher import Member, local_members
+from stratoflow.distributed.protocol import Restarts
 
 
 class FailingInit:
@@ -68,3 +78,75 @@ def test_a_gcs_address_gets_one_attempt(init):
     with pytest.raises(ray_launcher.RayClusterError, match="'head:6379'"):
         ray_launcher.connect("head:6379")
     assert len(fake.addresses) == 1
+
+
+THREADS = "TF_NUM_INTRAOP_THREADS"
+
+
+def node(machine: str, ip: str, cpus: int, sets_threads: bool = False) -> dict[str, Any]:
+    """What `MemberHost.node` reports."""
+    return {
+        "ip": ip,
+        "hostname": machine,
+        "node_id": ip,
+        "machine": machine,
+        "port": 4000,
+        "cpus": cpus,
+        "sets_threads": sets_threads,
+    }
+
+
+def ray_members(config: TrainingConfig, nodes: list[dict[str, Any]]) -> list[Member]:
+    plan = planned_members(config)
+    cluster = ray_launcher._RayCluster(
+        plan.members, plan.result_from, "{}", "pack", Restarts(0), None
+    )
+    return cluster._members(nodes)
+
+
+def threads(members: list[Member]) -> list[str | None]:
+    return [member.env.get(THREADS) for member in members]
+
+
+@pytest.fixture
+def no_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(THREADS, raising=False)
+
+
+def test_workers_placed_on_one_machine_share_its_cores_as_local_workers_do(no_thread_setting):
+    # Two Ray nodes of one machine (as containers or network namespaces on one kernel): the
+    # members must not each take every core, or they preempt each other at every collective.
+    config = TrainingConfig(strategy="parameter_server", workers=2, ps=1)
+    cpus = os.cpu_count() or 1
+    nodes = [node("m", f"10.0.0.{n}", cpus) for n in (1, 2, 1, 2)]
+    placed = ray_members(config, nodes)
+    assert [m.name for m in placed] == ["worker 0", "worker 1", "ps 0", "coordinator"]
+    assert threads(placed) == threads(local_members(planned_members(config)))
+    assert threads(placed) == [str(max(1, cpus // 2))] * 2 + [None, None]
+
+
+def test_a_worker_alone_on_its_machine_gets_all_its_cores(no_thread_setting):
+    config = TrainingConfig(strategy="multi_worker_mirrored", workers=3)
+    nodes = [node("a", "10.0.0.1", 8), node("b", "10.0.0.2", 8), node("b", "10.0.0.3", 8)]
+    assert threads(ray_members(config, nodes)) == ["8", "4", "4"]
+
+
+def test_a_thread_setting_of_the_driver_or_the_node_wins(monkeypatch: pytest.MonkeyPatch):
+    config = TrainingConfig(strategy="multi_worker_mirrored", workers=2)
+    monkeypatch.delenv(THREADS, raising=False)
+    nodes = [node("a", "10.0.0.1", 8, sets_threads=True), node("b", "10.0.0.2", 8)]
+    assert threads(ray_members(config, nodes)) == [None, "8"]  # the node's own value applies
+    monkeypatch.setenv(THREADS, "3")  # forwarded to every member
+    assert threads(ray_members(config, nodes)) == ["3", "3"]
+
+
+def test_members_start_at_the_nice_level_of_the_driver():
+    # Ray would start them at 15; the local launcher's members inherit the task's level.
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {ray_launcher.__name__} as r; print(r.member_niceness())"],
+        preexec_fn=lambda: os.nice(5),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(done.stdout) == os.getpriority(os.PRIO_PROCESS, 0) + 5
