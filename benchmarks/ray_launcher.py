@@ -7,8 +7,9 @@ network namespaces on this machine. Every run is `stratoflow.tasks.train.train` 
 body) started on the head host by `python -m benchmarks.ray_launcher run CONF OUT`, so the `local`
 launcher runs its members there too and both sides use the same cores. Run alone:
 `python -m benchmarks.ray_launcher` prints the figures as JSON; `python -m benchmarks.ray_launcher
-throughput [ROUNDS [PARTIAL]]` only the local-vs-ray throughput pairs (no recoveries), each with
-what its member processes run with (`member_settings`: threads, nice level, CPU affinity).
+throughput [ROUNDS [PARTIAL [EPOCHS]]]` only the local-vs-ray throughput pairs (no recoveries),
+each with what its member processes run with (`member_settings`: threads, nice level, CPU
+affinity).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def run(conf: dict[str, Any], out: str) -> None:
     from stratoflow.tracking import mlflow_runs
 
     airflow_run = AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
-    prepared = prepare.prepare("mnist", {**conf, "epochs": EPOCHS}, airflow_run)
+    prepared = prepare.prepare("mnist", {"epochs": EPOCHS, **conf}, airflow_run)
     started = time.time()
     figures: dict[str, Any] = {"started": started}
     try:
@@ -145,9 +146,12 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
     return dict(figures)
 
 
-def throughput(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
+def throughput(
+    rounds: int = 1, partial: Path | None = None, epochs: int = EPOCHS
+) -> dict[str, Any]:
     """The throughput part of `measure` alone, `rounds` times (local then ray, back to back),
-    with what each member process runs with (`member_settings`) seen at the first checkpoint."""
+    with what each member process runs with (`member_settings`) seen at the first checkpoint;
+    more `epochs` than `make bench`'s make each figure steadier on a busy host."""
     from tests.support.ray_hosts import ray_hosts
 
     figures = _Figures(partial)
@@ -158,7 +162,7 @@ def throughput(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
                     logger.info("round %d: %s, launcher %s", number, name, launcher)
                     figures[f"{number}/{name}/{launcher}"] = _on_head(
                         hosts,
-                        {**conf, "launcher": launcher},
+                        {**conf, "launcher": launcher, "epochs": epochs},
                         lambda: member_settings(hosts),
                         load=True,
                     )
@@ -279,13 +283,14 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if sys.argv[1:2] == ["run"]:
         run(json.loads(sys.argv[2]), sys.argv[3])
-    elif sys.argv[1:2] == ["throughput"]:  # throughput [ROUNDS [PARTIAL]]: no recoveries
+    elif sys.argv[1:2] == ["throughput"]:  # throughput [ROUNDS [PARTIAL [EPOCHS]]]
         from benchmarks.throwaway import use_throwaway_state
 
         use_throwaway_state()
         rounds = int(sys.argv[2]) if sys.argv[2:] else 1
         partial = Path(sys.argv[3]) if sys.argv[3:] else None
-        sys.stdout.write(json.dumps(throughput(rounds, partial), indent=1) + "\n")
+        epochs = int(sys.argv[4]) if sys.argv[4:] else EPOCHS
+        sys.stdout.write(json.dumps(throughput(rounds, partial, epochs), indent=1) + "\n")
     else:
         from benchmarks.throwaway import use_throwaway_state
 
