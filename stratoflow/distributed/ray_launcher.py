@@ -90,8 +90,9 @@ FORWARDED_ENV = (
 NAMESPACE = "stratoflow"
 THREADS_ENV = "TF_NUM_INTRAOP_THREADS"
 # Ray starts its worker processes at nice 15 (to keep its own daemons responsive), so a member
-# would yield every core to any other work on the machine; Ray's job supervisor puts its drivers
-# back at the raylet's level the same way: this variable in the actor's runtime environment.
+# would yield the cores to any nice-0 work scheduled beside it (an Airflow worker on the node,
+# another run's local members); Ray's job supervisor puts its drivers back at the raylet's level
+# the same way: this variable in the actor's runtime environment.
 RAY_NICENESS_ENV = "RAY_worker_niceness"
 # Where Linux names this boot of the kernel: the same in every network namespace or container
 # on one machine, so members there share its cores.
