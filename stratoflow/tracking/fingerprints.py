@@ -53,21 +53,13 @@ MODEL_NEUTRAL_KEYS = frozenset(
         "notify",
     }
 )
-# Training settings that choose where the processes run, or what happens after training.
-# Strategy, replicas, workers, ps and the loop stay in: they change the summation order, and so
-# the weights (DESIGN.md, "Distributed training facts").
-MODEL_NEUTRAL_TRAINING_KEYS = frozenset(
-    {
-        "cluster",
-        "launcher",
-        "ray_cluster",
-        "placement",
-        "max_restarts",
-        "warm_spares",
-        "promote",
-        "force",
-    }
-)
+# Training settings that choose where the processes run and how a lost one is recovered, or
+# what happens after training. Strategy, replicas, workers, ps and the loop stay in: they change
+# the summation order, and so the weights (DESIGN.md, "Distributed training facts").
+WHERE_KEYS = {"cluster", "launcher", "ray_cluster", "placement"}
+RECOVERY_KEYS = {"max_restarts", "warm_spares"}
+AFTER_TRAINING_KEYS = {"promote", "force"}
+MODEL_NEUTRAL_TRAINING_KEYS = frozenset(WHERE_KEYS | RECOVERY_KEYS | AFTER_TRAINING_KEYS)
 
 # The engine's packages whose code shapes a model (relative to the `stratoflow` package).
 ENGINE_PACKAGES = ("config", "data", "training")
