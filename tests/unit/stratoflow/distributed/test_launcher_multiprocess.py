@@ -187,7 +187,7 @@ def test_a_killed_cluster_member_fails_fast_and_the_retry_resumes(
     ],
 )
 def test_a_killed_member_is_recovered_inside_the_same_try(
-    tf_runtime, private_tmpdir, strategy, warm_spares
+    tf_runtime, private_tmpdir, request, strategy, warm_spares
 ):
     """max_restarts 2 (the default): the same `train` call ends well, each epoch logged once;
     with warm spares, the members that start again are processes that were running before the
@@ -213,6 +213,7 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     distributed_logger = logging.getLogger("stratoflow.distributed")
     distributed_logger.addHandler(handler)
     distributed_logger.setLevel(logging.INFO)
+    request.addfinalizer(lambda: distributed_logger.removeHandler(handler))
     run = new_run(pipeline)
     params = {
         "strategy": strategy,
@@ -225,7 +226,14 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     prepared = prepare.prepare(pipeline, params, run)
     run_dir = locations.run_dir(run.dag_id, run.run_id)
     outcome: dict[str, object] = {}
-    thread = threading.Thread(target=lambda: outcome.update(trained=train.train(run, prepared)))
+
+    def train_keeping_the_error() -> None:
+        try:
+            outcome["trained"] = train.train(run, prepared)
+        except Exception as error:  # raised again below, in the test's own thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=train_keeping_the_error)
     thread.start()
 
     def spares_started() -> int:
@@ -236,6 +244,8 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     spares_wanted = len(replaced) if warm_spares else 0
     deadline = time.monotonic() + 400
     while restorable_epoch(run_dir) < 1 or spares_started() < spares_wanted:
+        if "error" in outcome:
+            raise AssertionError("training failed before the kill") from outcome["error"]
         assert thread.is_alive() and time.monotonic() < deadline, "no checkpoint before the end"
         time.sleep(0.05)
     spare_pids = {
@@ -243,8 +253,9 @@ def test_a_killed_member_is_recovered_inside_the_same_try(
     }
     cluster_member("worker", 1).kill()
     thread.join(600)
-    distributed_logger.removeHandler(handler)
     assert not thread.is_alive()
+    if "error" in outcome:
+        raise AssertionError("training failed after the kill") from outcome["error"]
     trained = outcome["trained"]
     assert isinstance(trained, train.TrainedModel)
     mlflow_client = mlflow_runs.client()
