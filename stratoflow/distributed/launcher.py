@@ -24,10 +24,8 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from stratoflow.config import clusters
 from stratoflow.config.strategies import ClusterPlan
 from stratoflow.distributed.cluster import check_reachable, host_share, member_env, plan_layout
 from stratoflow.distributed.member_environment import pipeline_environment
-from stratoflow.distributed.processes import die_with_parent
+from stratoflow.distributed.processes import start_reading_lines
 from stratoflow.distributed.protocol import (
     FIRST_STEP_MARKER,
     PROCESS_START_ENV,
@@ -292,29 +290,13 @@ class _Running(Running):
                 self.member.module,
             )
             return
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env=self.env,
-            preexec_fn=die_with_parent(signal.SIGKILL),
-        )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.process, self.reader = start_reading_lines(self.command, self.env, self.take_line)
         logger.info(
             "%s started (pid %d): python -m %s",
             self.member.name,
             self.process.pid,
             self.member.module,
         )
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            self.take_line(raw.rstrip())
 
     def poll(self) -> int | None:
         return self.process.poll()

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,3 +198,32 @@ def _create_time(pid: int) -> float:
         return float(psutil.Process(pid).create_time())
     except psutil.NoSuchProcess:
         return 0.0
+
+
+def start_reading_lines(
+    command: list[str],
+    env: Mapping[str, str],
+    on_line: Callable[[str], None],
+    stdin: int = subprocess.DEVNULL,
+) -> tuple[subprocess.Popen[str], threading.Thread]:
+    """Start `command` as a child that dies with its starter (SIGKILL), its output (stdout and
+    stderr) handed line by line to `on_line` by a daemon thread; the child and the thread."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=stdin,
+        text=True,
+        bufsize=1,
+        env=dict(env),
+        preexec_fn=die_with_parent(signal.SIGKILL),
+    )
+
+    def read() -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            on_line(raw.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True, name=f"output-of-{process.pid}")
+    reader.start()
+    return process, reader

@@ -22,11 +22,10 @@ import runpy
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from stratoflow.distributed.processes import die_with_parent
+from stratoflow.distributed.processes import start_reading_lines
 from stratoflow.distributed.protocol import announce
 
 logger = logging.getLogger(__name__)
@@ -42,29 +41,17 @@ class Spare:
     """One started spare, its output read by a thread until it becomes a member."""
 
     def __init__(self, env: Mapping[str, str], module: str):
-        import signal
-
         self.module = module
         self.warm = False
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._sink: Callable[[str], None] = self._before_use
-        self.process = subprocess.Popen(
+        # Through `_sink`, which `become` turns to the member's reader.
+        self.process, self.reader = start_reading_lines(
             [sys.executable, "-m", MODULE, module],
+            env,
+            lambda line: self._sink(line),
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            env=dict(env),
-            preexec_fn=die_with_parent(signal.SIGKILL),
         )
-        self.reader = threading.Thread(target=self._read, daemon=True, name="spare-output")
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            self._sink(raw.rstrip())
 
     def _before_use(self, line: str) -> None:
         if line == WARM_MARKER:
