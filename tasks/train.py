@@ -13,7 +13,13 @@ from pathlib import Path
 from stratoflow.config import locations, names
 from stratoflow.config.run_plan import RunPlan
 from stratoflow.data.datasets import DatasetRef
-from stratoflow.distributed.protocol import Restarts, TrainingPayload, TrainingResult
+from stratoflow.distributed.protocol import (
+    EPOCH_REPORT,
+    SYSTEM_REPORT,
+    Restarts,
+    TrainingPayload,
+    TrainingResult,
+)
 from stratoflow.tasks.prepare import PreparedDataset
 from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 
@@ -90,6 +96,9 @@ def run_training(
 ) -> TrainingResult:
     """Train `plan` in child processes, streaming each epoch into MLflow run `mlflow_run_id`.
 
+    The chief reports each epoch and samples of its host as it trains; this process logs them
+    (`TrainingReports`), and the environment it trained in (`environment.json`) at the end.
+
     The processes are the plan's members (one, or a cluster), run by the plan's launcher
     (`stratoflow.distributed.launchers`): local child processes or Ray actors on a standing Ray
     cluster. A lost member is recovered up to `max_restarts` times from the checkpoints in
@@ -103,23 +112,28 @@ def run_training(
     """
     from stratoflow.distributed.launchers import launcher_for
     from stratoflow.tasks import deployment_connections
-    from stratoflow.tracking import mlflow_runs, plots
+    from stratoflow.tracking import mlflow_runs, plots, system_metrics
+    from stratoflow.tracking.training_reports import TrainingReports
 
     payload = TrainingPayload(
         plan=plan,
         dataset=dataset.to_dict(),
         run_dir=str(run_dir),
-        tracking_uri=locations.tracking_uri(),
-        mlflow_run_id=mlflow_run_id,
+        system_metrics_seconds=system_metrics.sampling_seconds(),
     )
+    reports = TrainingReports(locations.tracking_uri(), mlflow_run_id)
+    take = {EPOCH_REPORT: reports.epoch, SYSTEM_REPORT: reports.system}
     training = plan.training
     restarts = Restarts(training.max_restarts)
     try:
         result = launcher_for(training, deployment_connections.lookup).run(
-            plan.cluster, payload, restarts
+            plan.cluster, payload, restarts, lambda kind, data: take[kind](data)
         )
     finally:
         _log_restarts(mlflow_run_id, restarts)
+    reports.log_history(result.history)
+    if result.environment:
+        mlflow_runs.log_dict(mlflow_run_id, result.environment, names.ENVIRONMENT_ARTIFACT)
     mlflow_runs.set_tags(
         mlflow_run_id,
         {

@@ -41,9 +41,11 @@ from stratoflow.distributed.protocol import (
     FIRST_STEP_MARKER,
     PROCESS_START_ENV,
     READY_MARKER,
+    ReportSink,
     Restarts,
     TrainingPayload,
     TrainingResult,
+    read_report,
 )
 from stratoflow.distributed.spares import Spares, wanted_for
 
@@ -123,6 +125,7 @@ def run_cluster(
     ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
     restarts: Restarts | None = None,
     warm_spares: bool = False,
+    reports: ReportSink | None = None,
 ) -> dict[str, Any]:
     """Start a cluster, supervise it until member `result_from` finishes, return its result.
 
@@ -138,6 +141,8 @@ def run_cluster(
             each restart, also when the run fails in the end.
         warm_spares: keep spare processes with TensorFlow imported once training runs; a member
             that starts again becomes one of them (`stratoflow.distributed.spares`).
+        reports: takes the members' reports (`protocol.report`) as they come, from the thread
+            that reads that member's output.
 
     Raises:
         ChildProcessFailed: a member failed, never came up, or the run timed out, or members
@@ -151,7 +156,13 @@ def run_cluster(
 
     def start_once() -> dict[str, Any]:
         cluster = _LocalCluster(
-            build_members(), result_from, payload, timeout_seconds, ready_timeout_seconds, budget
+            build_members(),
+            result_from,
+            payload,
+            timeout_seconds,
+            ready_timeout_seconds,
+            budget,
+            reports,
         )
         cluster.spares = spares
         return cluster.run()
@@ -206,11 +217,12 @@ class Running:
     """A started member as the supervision sees it (a local process, or a Ray actor's).
 
     Subclasses start the member and implement `poll`, `kill`, `result` and `where`; the reader
-    of its output calls `take_line` with every line.
+    of its output calls `take_line` with every line. A report line goes to `reports`.
     """
 
-    def __init__(self, member: Member):
+    def __init__(self, member: Member, reports: ReportSink | None = None):
         self.member = member
+        self.reports = reports
         self.tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self.ready_at: float | None = None
         self.first_step_at: float | None = None
@@ -223,6 +235,11 @@ class Running:
             return
         if line == FIRST_STEP_MARKER:
             self.first_step_at = time.monotonic()
+            return
+        found = read_report(line)
+        if found is not None:
+            if self.reports is not None:
+                self.reports(*found)
             return
         self.tail.append(line)
         logger.info("[%s] %s", self.member.name, line)
@@ -272,8 +289,9 @@ class _Running(Running):
         command: list[str],
         env: dict[str, str],
         spares: Spares | None = None,
+        reports: ReportSink | None = None,
     ):
-        super().__init__(member)
+        super().__init__(member, reports)
         self.command, self.env, self.spares = command, env, spares
         self._start()
 
@@ -335,6 +353,7 @@ class Cluster:
         timeout_seconds: float | None,
         ready_timeout_seconds: float = READY_TIMEOUT_SECONDS,
         restarts: Restarts | None = None,
+        reports: ReportSink | None = None,
     ):
         self.members = members
         self.result_from = result_from
@@ -343,6 +362,7 @@ class Cluster:
         self.timeout_seconds = timeout_seconds
         self.ready_timeout_seconds = ready_timeout_seconds
         self.restarts = restarts or Restarts(0)
+        self.reports = reports
         # Warm spares to keep once training runs (the local launcher's, when the run asks).
         self.spares: Spares | None = None
 
@@ -533,8 +553,10 @@ class _LocalCluster(Cluster):
                         **member.env,
                         PROCESS_START_ENV: str(started),
                     }
-                    running[member.name] = _Running(member, command, env, self.spares)
+                    running[member.name] = _Running(member, command, env, self.spares, self.reports)
                 self.supervise(running)
+                # Its last reports may still be on their way through the output reader.
+                running[self.result_from].drain()
             finally:
                 for child in running.values():
                     child.kill()
@@ -545,7 +567,11 @@ class LocalLauncher:
     """The `local` launcher: a run's members as child processes of this task."""
 
     def run(
-        self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
+        self,
+        plan: ClusterPlan,
+        payload: TrainingPayload,
+        restarts: Restarts,
+        reports: ReportSink | None = None,
     ) -> TrainingResult:
         """Run `plan`'s members here (`stratoflow.distributed.protocol.Launcher.run`).
 
@@ -562,6 +588,7 @@ class LocalLauncher:
             payload.to_json(),
             restarts=restarts,
             warm_spares=payload.plan.training.warm_spares,
+            reports=reports,
         )
         # Every member ran on this host.
         return TrainingResult.from_dict({**result, "nodes": {"all_members": socket.gethostname()}})

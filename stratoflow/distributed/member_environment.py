@@ -7,9 +7,10 @@ that run it (training members, parameter servers, the first task's own-code chec
 this allowlist instead of inheriting everything: the system's basics (PATH, HOME, locale,
 TMPDIR, proxies and CA bundles), the interpreter's own variables (PYTHON*), TensorFlow's and its
 math libraries' tuning (TF_*, XLA, OpenMP, MKL, CUDA, gRPC), stratoflow's stores
-(STRATOFLOW_HOME, TFDS_DATA_DIR, STRATOFLOW_PIPELINES_PATH) and MLflow's client settings with
-the service account (MLFLOW_TRACKING_*, MLFLOW_HTTP_*, system metrics). Nothing of Airflow's,
-nothing of Ray's (the Ray token stays with the driver), none of MLflow's server settings.
+(STRATOFLOW_HOME, TFDS_DATA_DIR, STRATOFLOW_PIPELINES_PATH). Nothing of Airflow's, nothing of
+Ray's (the Ray token stays with the driver), nothing of MLflow's: the training processes report
+their epochs and host samples to the task, which logs them (`stratoflow.distributed.protocol`),
+so pipeline code holds neither the tracking server's address nor its service account.
 
 A team passes a variable of its own to its pipeline code by setting it, in the deployment's
 environment, with the prefix `STRATOFLOW_PIPELINE_ENV_`: `STRATOFLOW_PIPELINE_ENV_WANDB_API_KEY`
@@ -61,13 +62,6 @@ ALLOWED_NAMES = frozenset(
         "STRATOFLOW_PIPELINES_PATH",
         "STRATOFLOW_EXAMPLE_PIPELINES",
         "TFDS_DATA_DIR",
-        # MLflow's client (the service account is MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN).
-        "MLFLOW_REGISTRY_URI",
-        "MLFLOW_DISABLE_TELEMETRY",
-        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING",
-        "MLFLOW_ARTIFACT_UPLOAD_DOWNLOAD_TIMEOUT",
-        "MLFLOW_LOGGING_LEVEL",
-        "MLFLOW_CONFIGURE_LOGGING",
         "DO_NOT_TRACK",
     }
 )
@@ -85,9 +79,6 @@ ALLOWED_PREFIXES = (
     "NVIDIA_",
     "NCCL_",
     "GRPC_",
-    "MLFLOW_TRACKING_",
-    "MLFLOW_HTTP_",
-    "MLFLOW_SYSTEM_METRICS_",
 )
 # Terraform's variables share TensorFlow's prefix and carry its credentials.
 DENIED_PREFIXES = ("TF_VAR_", "TF_TOKEN_", "TF_HTTP_", "TF_CLI_")

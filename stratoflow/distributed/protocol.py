@@ -35,10 +35,43 @@ FIRST_STEP_MARKER = "STRATOFLOW-FIRST-STEP"
 PROCESS_START_ENV = "STRATOFLOW_PROCESS_START"
 
 
+# A member's report to the task that runs it, on a line of its own: this prefix, then one JSON
+# object {"kind": ..., "data": {...}}. The chief reports each epoch's metrics (`EPOCH_REPORT`) and
+# samples of its host (`SYSTEM_REPORT`); the task logs them into MLflow, so no process that runs
+# pipeline code holds MLflow's client or its service account.
+REPORT_PREFIX = "STRATOFLOW-REPORT "
+EPOCH_REPORT = "epoch"
+SYSTEM_REPORT = "system"
+REPORT_KINDS = (EPOCH_REPORT, SYSTEM_REPORT)
+# What the task does with a member's report: `(kind, data)`.
+ReportSink = Callable[[str, dict[str, Any]], None]
+
+
 def announce(marker: str) -> None:
     """Print `marker` on a line of its own at once (the launcher reads the member's output)."""
+    # One write of the whole line: the chief's sampling thread reports beside its main thread.
     sys.stdout.write(marker + "\n")
     sys.stdout.flush()
+
+
+def report(kind: str, data: dict[str, Any]) -> None:
+    """Report `data` (JSON types) to the task, as a line its launcher reads (`read_report`)."""
+    announce(REPORT_PREFIX + json.dumps({"kind": kind, "data": data}))
+
+
+def read_report(line: str) -> tuple[str, dict[str, Any]] | None:
+    """The `(kind, data)` of a member's report line; None for any other line (or a report line
+    that is cut or of an unknown kind: it is then logged as output, not taken)."""
+    if not line.startswith(REPORT_PREFIX):
+        return None
+    try:
+        message = json.loads(line[len(REPORT_PREFIX) :])
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("kind") not in REPORT_KINDS:
+        return None
+    data = message.get("data")
+    return (message["kind"], data) if isinstance(data, dict) else None
 
 
 def child_main(main: Callable[[str, str], None], what: str) -> None:
@@ -61,20 +94,19 @@ class TrainingPayload:
 
     It carries the run's plan as itself: a member reads it back with `RunPlan.from_dict`, which
     checks that it is one and validates nothing again (no YAML read, no setting re-checked).
+    Nothing of MLflow: the chief reports epochs and host samples to the task (`report`).
 
     Attributes:
         plan: the run's plan (`stratoflow.config.run_plan`).
         dataset: the prepared dataset's reference (`DatasetRef.to_dict`).
         run_dir: the run's folder (checkpoints, history, model).
-        tracking_uri: the MLflow tracking URI the chief logs to.
-        mlflow_run_id: the MLflow run each epoch is streamed into.
+        system_metrics_seconds: how often the chief samples its host (`SYSTEM_REPORT`).
     """
 
     plan: RunPlan
     dataset: dict[str, Any]
     run_dir: str
-    tracking_uri: str
-    mlflow_run_id: str
+    system_metrics_seconds: float
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "plan": self.plan.to_dict()})
@@ -109,6 +141,8 @@ class TrainingResult:
         peak_rss_mb: the result member's peak resident memory.
         step_losses: the loss of each of the first steps, when a diagnostic asked for them.
         nodes: member name -> where it ran (filled by the launcher).
+        environment: the result member's versions, devices and host
+            (`stratoflow.tracking.environment.describe`; empty from an older member).
     """
 
     model_path: str
@@ -125,6 +159,7 @@ class TrainingResult:
     peak_rss_mb: float = 0.0
     step_losses: list[float] = field(default_factory=list)
     nodes: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,11 +241,17 @@ class Launcher(Protocol):
     """
 
     def run(
-        self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
+        self,
+        plan: ClusterPlan,
+        payload: TrainingPayload,
+        restarts: Restarts,
+        reports: ReportSink | None = None,
     ) -> TrainingResult:
         """Run `plan`'s members on `payload` until its result member is done; its result.
 
         A lost member is recovered while `restarts` allows (each restart is recorded there).
+        Each report a member prints (`report`) goes to `reports` as it arrives, and every one
+        printed before the result member finished has been handed over when this returns.
 
         Raises:
             ChildProcessFailed: a member failed, or was lost more often than `restarts` allows.

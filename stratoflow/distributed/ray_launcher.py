@@ -13,8 +13,9 @@ lost member (killed, or its node dead or unreachable) restarts the cluster from 
 checkpoint within the run's `max_restarts`.
 
 Actors of a standing cluster do not inherit this process's environment: what the members need
-(MLflow, the data and state folders, the team's own variables) is passed to them explicitly
-(`FORWARDED_ENV`). A member's process gets the node's environment only through the allowlist
+(the data and state folders, the team's own variables) is passed to them explicitly
+(`FORWARDED_ENV`); nothing of MLflow's: the chief's reports come back with its output, and this
+process logs them. A member's process gets the node's environment only through the allowlist
 of `member_environment`: the Ray token of the node (and this driver's) never reaches it. The driver
 needs a Ray node on its own host (`ray.init` of an existing cluster connects to the local
 raylet): docs/how-to/several-machines.md.
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import connections, locations, names
+from stratoflow.config import locations, names
 from stratoflow.config.discovery import PIPELINES_PATH_ENV
 from stratoflow.config.strategies import ClusterPlan, PlannedMember
 from stratoflow.distributed.cluster import ClusterLayout, free_ports, host_share, member_env
@@ -55,6 +56,7 @@ from stratoflow.distributed.member_environment import pipeline_environment, team
 from stratoflow.distributed.processes import die_with_parent
 from stratoflow.distributed.protocol import (
     PROCESS_START_ENV,
+    ReportSink,
     Restarts,
     TrainingPayload,
     TrainingResult,
@@ -75,11 +77,9 @@ PORT_CLASH_ATTEMPTS = 3
 # How often each member is asked for its new output and state.
 POLL_INTERVAL_SECONDS = 0.5
 # Variables every member needs from this process: actors get the node's environment, not ours.
-# Each is allowlisted (`member_environment`); the team's own variables go with them.
+# Each is allowlisted (`member_environment`); the team's own variables go with them. Nothing of
+# MLflow's: the members report to this process, which logs (`protocol.report`).
 FORWARDED_ENV = (
-    locations.TRACKING_URI_ENV,
-    *connections.CREDENTIAL_ENV,
-    "MLFLOW_DISABLE_TELEMETRY",
     locations.DATA_DIR_ENV,
     locations.STATE_DIR_ENV,
     PIPELINES_PATH_ENV,  # a team's own pipelines: each node mounts them at the same path
@@ -206,7 +206,11 @@ class RayLauncher:
         self.token = token
 
     def run(
-        self, plan: ClusterPlan, payload: TrainingPayload, restarts: Restarts
+        self,
+        plan: ClusterPlan,
+        payload: TrainingPayload,
+        restarts: Restarts,
+        reports: ReportSink | None = None,
     ) -> TrainingResult:
         """Run `plan`'s members on Ray (`stratoflow.distributed.protocol.Launcher.run`); the
         result says on which node each member ran.
@@ -223,6 +227,7 @@ class RayLauncher:
             placement=self.placement,
             restarts=restarts,
             token=self.token,
+            reports=reports,
         )
         return TrainingResult.from_dict(result)
 
@@ -237,6 +242,7 @@ def run_cluster(
     restarts: Restarts | None = None,
     timeout_seconds: float | None = None,
     token: str | None = None,
+    reports: ReportSink | None = None,
 ) -> dict[str, Any]:
     """Run the planned members on the Ray cluster at `address`; the result member's result.
 
@@ -249,6 +255,7 @@ def run_cluster(
         restarts: the budget for lost members (none by default); records each restart.
         timeout_seconds: fail if one start of the cluster takes longer.
         token: the Ray token to present (`connect`); None: this node's own.
+        reports: takes the members' reports (`protocol.report`) as the supervision polls them.
 
     Returns:
         The result member's result, with `nodes`: member name -> "ip (hostname)".
@@ -264,7 +271,9 @@ def run_cluster(
     try:
 
         def start_once() -> dict[str, Any]:  # a fresh cluster each start: fresh nodes and ports
-            return _RayCluster(plan, result_from, payload, placement, budget, timeout_seconds).run()
+            return _RayCluster(
+                plan, result_from, payload, placement, budget, timeout_seconds, reports
+            ).run()
 
         return with_restarts(lambda: retry_port_clashes(start_once, PORT_CLASH_ATTEMPTS), budget)
     finally:
@@ -336,10 +345,11 @@ class _ActorRunning(Running):
         actor: Any,
         node: dict[str, Any],
         payload: str,
+        reports: ReportSink | None = None,
     ):
         import ray
 
-        super().__init__(member)
+        super().__init__(member, reports)
         self.actor, self.node, self.payload = actor, node, payload
         self.pid = ray.get(actor.start.remote(member.module, payload, member.env), timeout=60)
         self.returncode: int | None = None
@@ -473,8 +483,11 @@ class _RayCluster(Cluster):
         placement: str,
         restarts: Restarts,
         timeout_seconds: float | None,
+        reports: ReportSink | None = None,
     ):
-        super().__init__([], result_from, payload, timeout_seconds, restarts=restarts)
+        super().__init__(
+            [], result_from, payload, timeout_seconds, restarts=restarts, reports=reports
+        )
         self.plan = plan
         self.placement = placement
         self.launched = time.time()
@@ -520,7 +533,7 @@ class _RayCluster(Cluster):
             text = self.payload
             for member, actor, node in zip(members, actors, nodes, strict=True):
                 try:
-                    running[member.name] = _ActorRunning(member, actor, node, text)
+                    running[member.name] = _ActorRunning(member, actor, node, text, self.reports)
                 except (GetTimeoutError, RayActorError) as error:
                     raise MemberLost(
                         f"{member.name} could not be started on node {describe_node(node)} "

@@ -1,14 +1,16 @@
 """Entry point of a training process: `python -m stratoflow.training.worker PAYLOAD RESULT`.
 
 Started by a launcher (`stratoflow.distributed.protocol`); the payload (`TrainingPayload`) carries
-the run's plan, the dataset reference, the run folder and the MLflow run to stream per-epoch
-metrics into. Devices are configured before
-TensorFlow runs any op.
+the run's plan, the dataset reference and the run folder. Devices are configured before
+TensorFlow runs any op. The chief reports each epoch's metrics and samples of its host to the
+task (`protocol.report`), which logs them into MLflow: no process that runs pipeline code holds
+MLflow's client or its service account.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import sys
@@ -16,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stratoflow.config import names
 from stratoflow.distributed import lean_tensorflow
 from stratoflow.distributed.protocol import TrainingPayload, child_main
 
@@ -26,14 +27,11 @@ def import_ahead() -> None:
     (`stratoflow.distributed.spares`) does it before it becomes a training process. Imports
     only: TensorFlow's runtime starts later, once `main` has configured the devices."""
     lean_tensorflow.import_tensorflow()
-    # What the chief's MLflow calls import when they are first made (any spare may become it).
-    import mlflow.entities
-    import mlflow.system_metrics.system_metrics_monitor  # noqa: F401
+    import psutil  # noqa: F401
 
     import stratoflow.data.datasets
     import stratoflow.tracking.environment
-    import stratoflow.tracking.mlflow_runs
-    import stratoflow.tracking.system_metrics
+    import stratoflow.training.host_samples
     import stratoflow.training.progress
     import stratoflow.training.trainer  # noqa: F401
 
@@ -52,21 +50,27 @@ def main(payload_path: str, result_path: str) -> None:
 
     from stratoflow.data.datasets import DatasetRef
     from stratoflow.distributed.cluster import this_process_is_chief
-    from stratoflow.tracking import environment, mlflow_runs, system_metrics
-    from stratoflow.training import trainer
+    from stratoflow.distributed.protocol import EPOCH_REPORT, SYSTEM_REPORT, report
+    from stratoflow.tracking import environment
+    from stratoflow.training import host_samples, trainer
     from stratoflow.training.progress import EpochProgress
 
     run_dir = Path(payload.run_dir)
-    tracking_uri, run_id = payload.tracking_uri, payload.mlflow_run_id
     chief = this_process_is_chief()
     on_epoch_end: list[Callable[[Any], None]] = []
     sampling: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if chief:  # only the chief talks to MLflow
-        epoch_logger = mlflow_runs.EpochLogger(tracking_uri, run_id)
-        # A retried attempt may have checkpointed epochs whose metrics never reached MLflow.
-        epoch_logger.log_missing(trainer.read_history(run_dir))
-        on_epoch_end = [EpochProgress(spec.training.epochs), epoch_logger]
-        sampling = system_metrics.sampled_into(tracking_uri, run_id)
+    if chief:  # only the chief reports
+        # A retried attempt may have checkpointed epochs whose metrics never reached MLflow: the
+        # task logs each epoch once, whatever it is sent.
+        for saved in trainer.read_history(run_dir):
+            report(EPOCH_REPORT, saved)
+        on_epoch_end = [
+            EpochProgress(spec.training.epochs),
+            lambda metrics: report(EPOCH_REPORT, metrics.to_dict()),
+        ]
+        sampling = host_samples.sampled(
+            payload.system_metrics_seconds, lambda sample: report(SYSTEM_REPORT, sample)
+        )
     with sampling:
         result = trainer.train(
             spec,
@@ -75,8 +79,7 @@ def main(payload_path: str, result_path: str) -> None:
             on_epoch_end=_all_of(on_epoch_end) if on_epoch_end else None,
         )
     if chief:
-        described = environment.describe(result.to_dict())
-        mlflow_runs.client(tracking_uri).log_dict(run_id, described, names.ENVIRONMENT_ARTIFACT)
+        result = dataclasses.replace(result, environment=environment.describe(result.to_dict()))
     Path(result_path).write_text(result.to_json())
     # The process exits next: its last garbage collection need not walk TensorFlow's heap
     # (seconds: docs/BENCHMARKS.md, "Facts").

@@ -4,7 +4,8 @@ With `"announce": true` in the payload it first prints the launcher's ready mark
 `announce_after` seconds if given; with `"exit_code"` it then exits with that status. The
 launcher hands every cluster member the same payload;
 `$ECHO_OVERRIDES` (JSON) changes it for one member. With `"environment_to": PATH` it writes the
-environment it was started with to PATH (JSON) first.
+environment it was started with to PATH (JSON) first. With `"reports": [[kind, data], ...]` it
+reports each (`stratoflow.distributed.protocol.report`) just before it writes its result.
 """
 
 from __future__ import annotations
@@ -31,4 +32,9 @@ for _ in range(int(payload.get("sleep", 0))):
     sys.stdout.write("still sleeping\n")
     sys.stdout.flush()
     time.sleep(1)
+if payload.get("reports"):
+    from stratoflow.distributed.protocol import report
+
+    for kind, data in payload["reports"]:
+        report(kind, data)
 Path(sys.argv[2]).write_text(json.dumps({"value": payload.get("value", 0) + 1}))

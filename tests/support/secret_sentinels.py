@@ -3,8 +3,9 @@ probe module a test's pipeline calls to write down its process's environment.
 
 The names are the ones the services stack and docker-compose give the scheduler (and so every
 Airflow task process): Airflow's JWT secret, Fernet key, API secret key and metadata DB URL, the
-Ray token, MLflow's server-side secrets and the password `stratoflow users add` reads. A process
-that runs a pipeline's own code must hold none of them (docs/explanation/trust-model.md).
+Ray token, MLflow's server-side secrets and the password `stratoflow users add` reads, and the
+tasks' MLflow service account. A process that runs a pipeline's own code must hold none of them
+(docs/explanation/trust-model.md).
 """
 
 from __future__ import annotations
@@ -32,21 +33,23 @@ SECRET_VARIABLES = {
     "MLFLOW_FLASK_SERVER_SECRET_KEY": f"sentinel-mlflow-flask-{_TOKEN}",
     "STRATOFLOW_AIRFLOW_USER_PASSWORD": f"sentinel-user-{_TOKEN}",
 }
-# What pipeline code needs and gets: the MLflow service account.
+# The tasks' MLflow service account: the task processes log with it, pipeline code never holds
+# it (the training processes report to their task, which logs).
 MLFLOW_ACCOUNT = {
     "MLFLOW_TRACKING_USERNAME": "stratoflow-airflow",
-    "MLFLOW_TRACKING_PASSWORD": f"service-account-{_TOKEN}",
+    "MLFLOW_TRACKING_PASSWORD": f"sentinel-service-account-{_TOKEN}",
 }
 
 
 def leaked(environ: Mapping[str, str]) -> list[str]:
     """The variables of `environ` that carry a secret: a sentinel value (under any name), or a
-    name of Airflow's (`AIRFLOW*`) or of the Ray token (`RAY_AUTH_TOKEN*`)."""
-    secrets = set(SECRET_VARIABLES.values())
+    name of Airflow's (`AIRFLOW*`), of the Ray token (`RAY_AUTH_TOKEN*`) or of MLflow's
+    (`MLFLOW_*`: its server's address, its accounts)."""
+    secrets = {*SECRET_VARIABLES.values(), MLFLOW_ACCOUNT["MLFLOW_TRACKING_PASSWORD"]}
     return sorted(
         name
         for name, value in environ.items()
-        if name.startswith(("AIRFLOW", "RAY_AUTH_TOKEN"))
+        if name.startswith(("AIRFLOW", "RAY_AUTH_TOKEN", "MLFLOW_"))
         or any(secret in value for secret in secrets)
     )
 

@@ -119,8 +119,20 @@ def _answer_in_the_ui(ui: Ui, dag_id: str, run_id: str, option: str) -> str:
 def _finished(live: LiveStack, dag_id: str, run_id: str) -> dict[str, str]:
     run = live.api.wait_for_run(dag_id, run_id, timeout_seconds=RUN_TIMEOUT_S)
     tasks = {t["task_id"]: t["state"] for t in live.api.task_instances(dag_id, run_id)}
-    assert run["state"] == "success", f"{dag_id} {run_id}: {run['state']}, tasks {tasks}"
+    assert run["state"] == "success", (
+        f"{dag_id} {run_id}: {run['state']}, tasks {tasks}\n{_failed_logs(live, dag_id, run_id)}"
+    )
     return tasks
+
+
+def _failed_logs(live: LiveStack, dag_id: str, run_id: str) -> str:
+    """The end of each failed task's log, for a failure message."""
+    tails = []
+    for task in live.api.task_instances(dag_id, run_id):
+        if task["state"] == "failed":
+            text = live.api.task_log(dag_id, run_id, task["task_id"], task["try_number"])
+            tails.append(f"--- {task['task_id']} (try {task['try_number']}):\n{text[-4000:]}")
+    return "\n".join(tails)
 
 
 def _aliases(live: LiveStack, model: str) -> dict[str, str]:

@@ -51,8 +51,7 @@ def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp
         "plan": {"name": "no_such_pipeline"},
         "dataset": {},
         "run_dir": str(tmp_path),
-        "tracking_uri": "",
-        "mlflow_run_id": "",
+        "system_metrics_seconds": 2.0,
     }
     with pytest.raises(
         ChildProcessFailed, match="failed: PlanError: the training payload: missing required key"
@@ -63,6 +62,25 @@ def test_a_python_error_in_the_training_process_is_reported_with_its_message(tmp
 def test_a_result_is_returned():
     result = run_python_module(ECHO_MODULE, {"value": 41}, name="echo")
     assert result == {"value": 42}
+
+
+def test_every_report_a_member_printed_is_handed_over_before_the_result_returns():
+    """Its reports reach the task's sink, in order, none logged as output; the last ones were
+    printed just before the member wrote its result and exited."""
+    from stratoflow.distributed.launcher import Member, run_cluster
+
+    sent = [["epoch", {"epoch": n, "loss": 1.0 / n}] for n in range(1, 51)]
+    sent.append(["system", {"time": 1.0, "metrics": {"cpu_utilization_percentage": 50.0}}])
+    taken: list[list] = []
+    member = Member("member", ECHO_MODULE)
+    result = run_cluster(
+        lambda: [member],
+        "member",
+        {"value": 1, "reports": sent},
+        reports=lambda kind, data: taken.append([kind, data]),
+    )
+    assert result == {"value": 2}
+    assert taken == sent
 
 
 def test_a_child_running_past_its_limit_is_killed_at_the_limit():

@@ -24,6 +24,35 @@ def test_a_member_program_does_not_import_the_supervisor(member_program):
     )
 
 
+def test_a_training_process_imports_nothing_of_mlflow():
+    """Pipeline code runs in it: it reports to its task, which logs (no client, no account)."""
+    graph = grimp.build_graph("stratoflow", include_external_packages=True)
+    for program in ("stratoflow.training.worker", "stratoflow.distributed.spares"):
+        chain = graph.find_shortest_chain(program, "mlflow")
+        assert chain is None, chain
+
+
+def test_a_report_line_is_read_back_and_any_other_line_is_not():
+    import io
+    from contextlib import redirect_stdout
+
+    from stratoflow.distributed.protocol import EPOCH_REPORT, read_report, report
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        report(EPOCH_REPORT, {"epoch": 1, "loss": 0.5})
+    line = printed.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert read_report(line.rstrip("\n")) == (EPOCH_REPORT, {"epoch": 1, "loss": 0.5})
+    for other in (
+        "epoch 1/3: loss 0.5",
+        line[:-10],  # cut short
+        'STRATOFLOW-REPORT {"kind": "surprise", "data": {}}',
+        'STRATOFLOW-REPORT {"kind": "epoch", "data": [1]}',
+    ):
+        assert read_report(other) is None, other
+
+
 def test_the_payload_is_read_as_it_was_written():
     from stratoflow.config.run_plan import resolve_plan
 
@@ -31,8 +60,7 @@ def test_the_payload_is_read_as_it_was_written():
         plan=resolve_plan("digits", {"epochs": 2}),
         dataset={"name": "digits", "version": "1.0.0"},
         run_dir="/runs/r1",
-        tracking_uri="http://127.0.0.1:5000",
-        mlflow_run_id="abc",
+        system_metrics_seconds=2.0,
     )
     assert TrainingPayload.from_json(payload.to_json()) == payload
 

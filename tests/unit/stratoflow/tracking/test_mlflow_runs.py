@@ -70,31 +70,6 @@ def test_each_epoch_is_logged_once_even_when_logged_again(digits_ref):
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 0.8)]
 
 
-def test_system_metrics_are_sampled_every_2_s_by_default(monkeypatch):
-    """The product's own default, as the training process samples: MLflow's variables unset (its
-    monitor reads them itself, over the interval it is given), `sampled_into` around 6 s of work
-    logs a sample about every 2 s while the work runs (MLflow's own default is 10 s)."""
-    import time
-
-    from stratoflow.config import locations
-    from stratoflow.tracking import mlflow_runs, system_metrics
-
-    monkeypatch.delenv(system_metrics.INTERVAL_ENV, raising=False)
-    monkeypatch.delenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", raising=False)
-    client = mlflow_runs.client()
-    run_id = client.create_run(client.create_experiment(f"sampling-{uuid.uuid4().hex}")).info.run_id
-    with system_metrics.sampled_into(locations.tracking_uri(), run_id):
-        time.sleep(6.0)
-        working_until = time.time()
-    client.set_terminated(run_id)
-    history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
-    # The last sample is logged as the block ends; the others were taken while it ran.
-    during = sorted(m.timestamp / 1000 for m in history if m.timestamp / 1000 < working_until)
-    gaps = np.diff(during)
-    assert 2 <= len(during) <= 3, (during, working_until)
-    assert all(1.5 <= gap <= 3.5 for gap in gaps), gaps
-
-
 def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_ref, saved_model):
     from stratoflow.tracking import mlflow_runs, model_registry
 
