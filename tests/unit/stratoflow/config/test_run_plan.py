@@ -56,7 +56,7 @@ def test_a_bad_default_in_the_spec_is_named_as_the_spec_s(
 
 def test_the_plan_comes_back_from_json_as_it_was_without_a_second_check() -> None:
     plan = resolve_plan("digits", {"strategy": "parameter_server", "workers": 3})
-    payload = TrainingPayload(plan, {"name": "d"}, "/runs/r1", "http://127.0.0.1:5000", "abc")
+    payload = TrainingPayload(plan, {"name": "d"}, "/runs/r1", system_metrics_seconds=2.0)
     with counting_calls(training.check_training) as checks:
         assert RunPlan.from_json(plan.to_json()) == plan
         assert TrainingPayload.from_json(payload.to_json()).plan == plan  # what a member reads
