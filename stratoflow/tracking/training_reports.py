@@ -40,10 +40,10 @@ class TrainingReports:
         """Log one sample of the chief's host (`system/<name>`)."""
         self._log(self.system_metrics, sample, "a sample of the host")
 
-    def _log(self, logger_of: Any, data: dict[str, Any], what: str) -> None:
+    def _log(self, log_one: Any, data: dict[str, Any], what: str) -> None:
         with self.lock:
             try:
-                logger_of(data)
+                log_one(data)
             except Exception:
                 logger.warning("could not log %s into MLflow", what, exc_info=True)
 
