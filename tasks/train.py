@@ -133,7 +133,9 @@ def run_training(
         _log_restarts(mlflow_run_id, restarts)
     reports.log_history(result.history)
     if result.environment:
-        mlflow_runs.log_dict(mlflow_run_id, result.environment, names.ENVIRONMENT_ARTIFACT)
+        mlflow_runs.client().log_dict(
+            mlflow_run_id, result.environment, names.ENVIRONMENT_ARTIFACT
+        )
     mlflow_runs.set_tags(
         mlflow_run_id,
         {

@@ -309,11 +309,6 @@ def log_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     client().log_batch(run_id, metrics=batch)
 
 
-def log_dict(run_id: str, value: dict[str, Any], artifact_file: str) -> None:
-    """Log `value` as a JSON artifact (replacing an earlier attempt's)."""
-    client().log_dict(run_id, value, artifact_file)
-
-
 def log_figure(run_id: str, figure: Any, artifact_file: str) -> None:
     """Log a matplotlib figure as a PNG artifact (replacing an earlier attempt's) and close it."""
     import matplotlib.pyplot as plt

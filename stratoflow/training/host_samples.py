@@ -26,13 +26,13 @@ class HostSampler:
     def __init__(self) -> None:
         import psutil
 
-        self.psutil = psutil
         psutil.cpu_percent()  # the first reading is 0.0: take it here, not in the first sample
         self.network_at_start = psutil.net_io_counters()
 
     def sample(self) -> dict[str, Any]:
         """`{"time": seconds since the epoch, "metrics": {name: value}}`."""
-        psutil = self.psutil
+        import psutil
+
         memory = psutil.virtual_memory()
         disk = psutil.disk_usage(os.sep)
         network = psutil.net_io_counters()
