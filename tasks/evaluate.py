@@ -1,5 +1,7 @@
 """The retrain DAG's evaluation task: score the test split and decide the gate.
 
+It scores the outputs the training process recorded (`stratoflow.training.recorded_outputs`).
+
 `score_test_split` is shared with the strategy benchmark (`stratoflow.tasks.strategy_benchmark`).
 """
 
@@ -10,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from stratoflow.config import names
-from stratoflow.config.evaluation_spec import EvaluationGate
 from stratoflow.data.datasets import DatasetRef
 from stratoflow.tasks.prepare import PreparedDataset
 from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 from stratoflow.tasks.train import TrainedModel
 from stratoflow.training.evaluation import GateDecision
+from stratoflow.training.recorded_outputs import RecordedOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -43,23 +45,25 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
     """Score the model on the test split and its slices, and decide the gate against the current
     champion (its run's test and slice metrics).
 
+    The model's outputs are those the training process recorded
+    (`stratoflow.training.recorded_outputs`): this process imports no TensorFlow and runs none
+    of the pipeline's code.
+
     Args:
         run: the DAG run.
         prepared: the first task's result (dataset, the run's plan).
-        trained: the training task's result (model, shape).
+        trained: the training task's result (model, shape, the recorded outputs).
     """
-    from stratoflow.distributed import lean_tensorflow
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training import evaluation
+    from stratoflow.training.recorded_outputs import RecordedOutputs
 
-    # The saved model is loaded here: TensorFlow without Keras's scikit-learn wrappers
-    # (about 1 s of this task process's CPU), before anything imports it in full.
-    lean_tensorflow.import_tensorflow()
     spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
+    recorded = RecordedOutputs.load(trained.test_outputs_path)
     result = score_test_split(
         prepared.dataset,
-        trained.model_path,
+        recorded,
         mlflow_run_id,
         title=f"{spec.name}: {spec.training.strategy}, {trained.num_replicas} replica(s)",
     )
@@ -69,7 +73,7 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
         for k, v in result.metrics().items()
         if not k.startswith(("test_precision_class_", "test_recall_class_"))
     }
-    scores = score_slices(prepared.dataset, spec.evaluation, result, mlflow_run_id)
+    scores = score_slices(prepared.dataset, recorded, mlflow_run_id)
     found = mlflow_runs.champion_metrics(spec.registered_model)
     champion = evaluation.Champion(*found) if found else None
     decision = evaluation.decide_gate(metrics, spec.evaluation, champion, scores)
@@ -83,29 +87,17 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
     return Evaluation(mlflow_run_id=mlflow_run_id, test_metrics=metrics, gate=decision)
 
 
-def score_slices(
-    dataset: DatasetRef, gate: EvaluationGate, result: Any, mlflow_run_id: str
-) -> list[Any]:
+def score_slices(dataset: DatasetRef, recorded: RecordedOutputs, mlflow_run_id: str) -> list[Any]:
     """Score the gate's slices of the test split and log them (`test_slice/<slice>/<metric>`).
 
     Returns:
         The `stratoflow.training.evaluation.SliceScore` of every slice, in the gate's order.
     """
-    import dataclasses
-
-    from stratoflow.data import datasets
     from stratoflow.training import slices
 
-    if gate.slices is None:
-        return []
-    # Feature slices read the dataset's own values, before the pipeline's preprocessing.
-    raw_features, targets = datasets.load_arrays(
-        dataclasses.replace(dataset, preprocess=None), "test"
+    scores = slices.score_slices(
+        recorded.outputs, recorded.targets, dataset.target.task, recorded.slices
     )
-    test_slices = slices.build_slices(
-        gate.slices, raw_features, targets, dataset.features, dataset.target
-    )
-    scores = slices.score_slices(result.outputs, targets, dataset.target.task, test_slices)
     if scores:
         from stratoflow.tracking import mlflow_runs
 
@@ -152,8 +144,11 @@ def _shortened(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, title: str) -> Any:
-    """Score the saved model on the test split and log the results to `mlflow_run_id`.
+def score_test_split(
+    dataset: DatasetRef, recorded: RecordedOutputs, mlflow_run_id: str, title: str
+) -> Any:
+    """Score the model's recorded outputs on the test split and log the results to
+    `mlflow_run_id`.
 
     Logs the test metrics and `evaluation/test_metrics.json`; for classification the per-class
     table and the confusion matrix figure, for regression the residual plot (titled `title`).
@@ -161,12 +156,10 @@ def score_test_split(dataset: DatasetRef, model_path: str, mlflow_run_id: str, t
     Returns:
         The `stratoflow.training.evaluation.EvaluationResult`.
     """
-    from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, plots
     from stratoflow.training import evaluation
 
-    features, targets = datasets.load_arrays(dataset, "test")
-    result = evaluation.evaluate_model(model_path, features, targets, dataset.target.task)
+    result = evaluation.score_outputs(recorded.outputs, recorded.targets, dataset.target.task)
     mlflow_runs.log_metrics(mlflow_run_id, result.metrics())
     if dataset.target.task == "regression":
         mlflow_runs.client().log_dict(

@@ -46,18 +46,14 @@ def log_and_register(
     failed); otherwise the version keeps only `challenger`. The run succeeded: its MLflow run is
     finished and its checkpoints removed.
     """
-    from stratoflow.distributed import lean_tensorflow
     from stratoflow.tracking import serving_check
 
     spec = prepared.plan.spec
     serves = spec.training.promote and evaluation.gate.passed
-    # The serving check's fresh process starts first and imports while this process loads,
-    # logs and registers the version (its imports are most of the check's seconds).
+    # The serving check's fresh process starts first and imports while this process logs and
+    # registers the version (its imports are most of the check's seconds).
     fresh = serving_check.start_fresh_process(*serving_environment()) if serves else None
     try:
-        # The saved model is loaded here: TensorFlow without Keras's scikit-learn wrappers
-        # (about 1 s of this task process's CPU), before anything imports it in full.
-        lean_tensorflow.import_tensorflow()
         return _log_and_register(run, prepared, trained, evaluation, fresh)
     finally:
         if fresh is not None:
@@ -71,14 +67,15 @@ def _log_and_register(
     evaluation: Evaluation,
     fresh: FreshProcess | None,
 ) -> Registration:
-    from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
+    from stratoflow.training.recorded_outputs import RecordedOutputs
 
     spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
-    features, _ = datasets.load_arrays(prepared.dataset, "test")
+    # What the training process recorded stands in for the model: this process loads none.
+    recorded = RecordedOutputs.load(trained.test_outputs_path)
     model_uri = model_registry.log_model(
-        mlflow_run_id, trained.model_path, features, prepared.dataset.target
+        mlflow_run_id, trained.model_path, recorded, prepared.dataset.target
     )
     # Registered as challenger first; champion moves only once the version served in a fresh
     # process answered as the evaluated model did (and, where the pipeline asks, a person
@@ -100,7 +97,7 @@ def _log_and_register(
     serving = ""
     if fresh is not None:  # the run may promote and the gate passed
         check = check_serving(
-            prepared, trained, features, result.registered_model, result.version, fresh
+            prepared, trained, recorded, result.registered_model, result.version, fresh
         )
         serving = check.tag
         if not check.passed:  # an earlier try of this run may have promoted it
@@ -139,7 +136,7 @@ def serving_environment() -> tuple[dict[str, str], Any]:
 def check_serving(
     prepared: PreparedDataset,
     trained: TrainedModel,
-    features: Any,
+    recorded: Any,
     registered_model: str,
     version: str,
     fresh: FreshProcess | None = None,
@@ -147,7 +144,8 @@ def check_serving(
     """Serve the registered version in a fresh process and compare its answers with the
     evaluated model's on the first test examples (`stratoflow.tracking.serving_check`).
 
-    `features` is the test split's (`datasets.load_arrays`); `fresh`, the fresh process if it
+    `recorded` holds those examples and the evaluated model's outputs on them
+    (`stratoflow.training.recorded_outputs.RecordedOutputs`); `fresh`, the fresh process if it
     was started ahead (`serving_check.start_fresh_process`). The verdict is a tag on the
     version and on the run (`stratoflow.serving_check`: `passed: ...` or `failed: <why>`), and
     its duration the run's metric `serving_check_seconds`.
@@ -156,21 +154,13 @@ def check_serving(
         The check's verdict.
     """
     from stratoflow.tracking import mlflow_runs, serving_check
-    from stratoflow.training import evaluation
 
-    count = serving_check.SERVED_EXAMPLES
-    examples = (
-        {name: values[:count] for name, values in features.items()}
-        if isinstance(features, dict)
-        else features[:count]
-    )
-    outputs = evaluation.predict_outputs(trained.model_path, examples)
     # The fresh process runs the model's code: `serving_environment`.
     environment, preexec_fn = serving_environment()
     check = serving_check.check_served_answers(
         f"models:/{registered_model}/{version}",
-        examples,
-        outputs,
+        recorded.examples,
+        recorded.example_outputs(),
         prepared.dataset.target,
         environment,
         preexec_fn=preexec_fn,

@@ -217,6 +217,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
     from stratoflow.tasks.evaluate import score_test_split
     from stratoflow.tasks.train import run_training
     from stratoflow.tracking import mlflow_runs
+    from stratoflow.training.recorded_outputs import RecordedOutputs
     from stratoflow.training.strategies import StrategyUnavailableError
 
     strategy_plan = entry.run_config
@@ -234,7 +235,7 @@ def train_strategy(run: AirflowRun, entry: PlannedStrategy) -> StrategyResult:
         result = run_training(strategy_plan, dataset, run_dir, child_run_id)
         evaluation = score_test_split(
             dataset,
-            result.model_path,
+            RecordedOutputs.load(result.test_outputs_path),
             child_run_id,
             title=f"{spec.name} benchmark: {strategy}, {result.num_replicas} replica(s)",
         )

@@ -38,6 +38,9 @@ class TrainedModel(XComResult):
         epochs: epochs trained in all (this try and the ones it resumed from).
         resumed_from_epoch: the last epoch an earlier try had saved (0: none).
         final_epoch: the last epoch's metrics (empty when no epoch ran in this try).
+        test_outputs_path: the saved model's outputs on the test split, its first examples and
+            builds, as the training process recorded them
+            (`stratoflow.training.recorded_outputs`).
     """
 
     mlflow_run_id: str
@@ -47,6 +50,7 @@ class TrainedModel(XComResult):
     epochs: int
     resumed_from_epoch: int
     final_epoch: dict[str, float] = field(default_factory=dict)
+    test_outputs_path: str = ""
 
     PRODUCER = names.TRAIN_TASK
 
@@ -88,6 +92,7 @@ def train(run: AirflowRun, prepared: PreparedDataset) -> TrainedModel:
         epochs=result.epochs,
         resumed_from_epoch=result.resumed_from_epoch,
         final_epoch=result.history[-1] if result.history else {},
+        test_outputs_path=result.test_outputs_path,
     )
 
 
@@ -133,9 +138,7 @@ def run_training(
         _log_restarts(mlflow_run_id, restarts)
     reports.log_history(result.history)
     if result.environment:
-        mlflow_runs.client().log_dict(
-            mlflow_run_id, result.environment, names.ENVIRONMENT_ARTIFACT
-        )
+        mlflow_runs.client().log_dict(mlflow_run_id, result.environment, names.ENVIRONMENT_ARTIFACT)
     mlflow_runs.set_tags(
         mlflow_run_id,
         {

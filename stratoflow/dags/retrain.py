@@ -4,8 +4,8 @@
 statistics, `validate_data` checks the data against the champion's before any training (a failing
 check fails the run without a retry; `accept_drift` accepts a known change), `train_model` trains
 under the
-`tf.distribute` strategy the run chose, `evaluate_model` scores the test split and decides the
-gate (its metrics and slices) against the current champion, and `log_and_register` registers a
+`tf.distribute` strategy the run chose (and records the saved model's outputs on the test split),
+`evaluate_model` scores those outputs and decides the gate (its metrics and slices) against the current champion, and `log_and_register` registers a
 model version in MLflow (promoting it to `champion` only when the gate passed and the version,
 served in a fresh process, answers as the evaluated model did).
 

@@ -143,6 +143,8 @@ class TrainingResult:
         nodes: member name -> where it ran (filled by the launcher).
         environment: the result member's versions, devices and host
             (`stratoflow.tracking.environment.describe`; empty from an older member).
+        test_outputs_path: what the chief recorded of the saved model on the test split
+            (`stratoflow.training.recorded_outputs`; empty from an older member).
     """
 
     model_path: str
@@ -160,6 +162,7 @@ class TrainingResult:
     step_losses: list[float] = field(default_factory=list)
     nodes: dict[str, str] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
+    test_outputs_path: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

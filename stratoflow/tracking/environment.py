@@ -105,6 +105,13 @@ def tensorflow_distribution() -> str:
     return "tensorflow-cpu" if _version("tensorflow-cpu") else "tensorflow"
 
 
+def training_distributions() -> dict[str, str]:
+    """The TensorFlow build and the Keras installed here, with their versions: what a model this
+    process trained needs to be served (`{"tensorflow-cpu": "2.21.0", "keras": "3.15.0"}`)."""
+    found = {name: _version(name) for name in (tensorflow_distribution(), "keras")}
+    return {name: version for name, version in found.items() if version}
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)

@@ -9,27 +9,15 @@ has its version deleted puts `champion` back on the previous champion instead of
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import shutil
-import types
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from stratoflow.config import names
 from stratoflow.config.features import Target
-from stratoflow.tracking import environment, mlflow_runs, serving_loader
-
-# The served model's loader module, as copied into every logged model's `code/` folder.
-SERVING_MODULE = "stratoflow_serving"
+from stratoflow.tracking import keras_model_folder, mlflow_runs, serving_loader
 
 logger = logging.getLogger(__name__)
-# MLflow's keras save warns of a missing signature (`mlflow/keras/save.py`); ours is set after.
-_KERAS_SAVE_LOGGER = "mlflow.keras.save"
-_NO_SIGNATURE_WARNING = "You are saving a Keras model without specifying model signature"
 
 
 @dataclass
@@ -49,19 +37,24 @@ def find_version_of_run(mlflow_client: Any, model_name: str, run_id: str) -> Any
     return versions[0] if versions else None
 
 
-def log_model(run_id: str, model_path: str, features: Any, target: Target) -> str:
+def log_model(run_id: str, model_path: str, recorded: Any, target: Target) -> str:
     """Log the Keras model once per run: `keras` flavor, and a `python_function` that answers as
     users expect (`stratoflow.tracking.serving_loader`), with its signature and input example.
+
+    Nothing here loads the model: the folder is written around the saved file
+    (`keras_model_folder`), and the signature is taken from the outputs the training process
+    recorded.
 
     Args:
         run_id: the run's MLflow run.
         model_path: the saved Keras model.
-        features: test features (`datasets.load_arrays`); the first two are the input example.
+        recorded: what the training process recorded of it
+            (`stratoflow.training.recorded_outputs.RecordedOutputs`): its first test examples
+            (the first two are the input example), its outputs on them and the TensorFlow and
+            Keras builds it trained with.
         target: what the model predicts (task, class names).
     """
-    import keras
     import mlflow
-    import tensorflow as tf
     from mlflow.models import infer_signature
 
     mlflow_client = mlflow_runs.client()
@@ -69,35 +62,44 @@ def log_model(run_id: str, model_path: str, features: Any, target: Target) -> st
     if existing:
         logger.info("model already logged for run %s: %s", run_id, existing)
         return str(existing)
-    model = keras.models.load_model(model_path)
-    config = _serving_config(model, features, target)
-    input_example = _input_example(features)
-    served = serving_loader.ServedModel(model, config)
+    config = _serving_config(recorded.examples, target)
+    input_example = _input_example(recorded.examples)
+    served = serving_loader.ServedModel(_RecordedAnswers(recorded.outputs[:2]), config)
     signature = infer_signature(input_example, served.predict(input_example))
-    requirements = [
-        # The TensorFlow build that trained it (a GPU host's `tensorflow` serves on CPUs too).
-        f"{environment.tensorflow_distribution()}=={tf.__version__}",
-        f"keras=={keras.__version__}",
-        f"mlflow=={mlflow.__version__}",
-    ]
+    # The builds that trained it (a GPU host's `tensorflow` serves on CPUs too).
+    requirements = [*recorded.requirements(), f"mlflow=={mlflow.__version__}"]
     # An explicit `pip_requirements` skips MLflow's requirement inference (tens of seconds).
+    # MLflow's check of the input example would load the model here: the serving check does it
+    # in a fresh process instead (`stratoflow.tracking.serving_check`).
     with mlflow.start_run(run_id=run_id):
         info = mlflow.models.Model.log(
             artifact_path=None,
             name="model",
-            flavor=_keras_flavor(config),
-            model=model,
+            flavor=keras_model_folder.flavor(recorded.versions["keras"], config),
+            model=model_path,
             signature=signature,
             input_example=input_example,
             pip_requirements=requirements,
+            validate_serving_input=False,
         )
     mlflow_client.update_run(run_id, status="RUNNING")  # the run ends with the DAG run, not here
     mlflow_client.set_tag(run_id, names.MODEL_URI_TAG, info.model_uri)
     return str(info.model_uri)
 
 
-def _serving_config(model: Any, features: Any, target: Target) -> dict[str, Any]:
-    del model
+class _RecordedAnswers:
+    """The model's outputs on the input example, as the training process recorded them: what
+    `serving_loader.ServedModel` turns into the served answers of the signature."""
+
+    def __init__(self, outputs: Any):
+        self.outputs = outputs
+
+    def predict(self, inputs: Any, verbose: int = 0) -> Any:
+        del inputs, verbose
+        return self.outputs
+
+
+def _serving_config(features: Any, target: Target) -> dict[str, Any]:
     columns = []
     if isinstance(features, dict):
         columns = [
@@ -119,65 +121,6 @@ def _input_example(features: Any) -> Any:
 
         return pd.DataFrame({name: values[:2] for name, values in features.items()})
     return features[:2]
-
-
-def _keras_flavor(config: dict[str, Any]) -> Any:
-    """`mlflow.keras`, answering `predict` through `serving_loader`, its folder made first.
-
-    MLflow 3.17's keras `save_model` writes `input_example.json` before it creates the folder, so
-    `mlflow.keras.log_model(..., input_example=...)` fails with FileNotFoundError. The model is
-    still saved by `mlflow.keras.save_model` and carries the `keras` flavor; its
-    `python_function` flavor then loads through a copy of `serving_loader` shipped in the model
-    (`code/`), with the task, class names and columns beside the Keras file.
-    """
-    import mlflow.keras
-    from mlflow.models.model import MLMODEL_FILE_NAME
-
-    def save_model(path: str, **kwargs: Any) -> None:
-        os.makedirs(path, exist_ok=True)
-        # The keras flavor accepts only tensor signatures; a tabular model's is a table of
-        # columns (what its served `predict` takes), so it is set after the keras save, and the
-        # keras save's warning that the model has no signature is untrue: dropped.
-        signature = kwargs.pop("signature", None)
-        with _dropped(_KERAS_SAVE_LOGGER, _NO_SIGNATURE_WARNING):
-            mlflow.keras.save_model(path=path, **kwargs)
-        mlflow_model = kwargs["mlflow_model"]
-        mlflow_model.signature = signature
-        pyfunc = mlflow_model.flavors["python_function"]
-        # The loader gets the keras flavor's data folder (the `.keras` file) as its path.
-        pyfunc["data"] = mlflow_model.flavors["keras"]["data"]
-        data = os.path.join(path, pyfunc["data"])
-        with open(os.path.join(data, serving_loader.SERVING_CONFIG), "w") as stream:
-            json.dump(config, stream)
-        code = os.path.join(path, "code")
-        os.makedirs(code, exist_ok=True)
-        shutil.copy(serving_loader.__file__, os.path.join(code, f"{SERVING_MODULE}.py"))
-        pyfunc["loader_module"] = SERVING_MODULE
-        pyfunc["code"] = "code"
-        mlflow_model.save(os.path.join(path, MLMODEL_FILE_NAME))
-
-    return types.SimpleNamespace(__name__="mlflow.keras", save_model=save_model)
-
-
-class _DropMessage(logging.Filter):
-    def __init__(self, start: str) -> None:
-        super().__init__()
-        self.start = start
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.start)
-
-
-@contextlib.contextmanager
-def _dropped(logger_name: str, start: str) -> Iterator[None]:
-    """Drop the records of logger `logger_name` that start with `start`, inside the block."""
-    dropping = _DropMessage(start)
-    target = logging.getLogger(logger_name)
-    target.addFilter(dropping)
-    try:
-        yield
-    finally:
-        target.removeFilter(dropping)
 
 
 def register(

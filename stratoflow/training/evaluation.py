@@ -156,7 +156,13 @@ def evaluate_model(
     model_path: str, features: Any, targets: np.ndarray, problem_type: str = "classification"
 ) -> EvaluationResult:
     """Score the saved Keras model on the test split's arrays (`datasets.load_arrays`)."""
-    outputs = predict_outputs(model_path, features)
+    return score_outputs(predict_outputs(model_path, features), targets, problem_type)
+
+
+def score_outputs(
+    outputs: np.ndarray, targets: np.ndarray, problem_type: str = "classification"
+) -> EvaluationResult:
+    """Score a model's outputs (logits, or predictions) against the targets."""
     if problem_type == "regression":
         result = score_regression(outputs, targets)
     else:

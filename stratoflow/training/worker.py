@@ -33,6 +33,7 @@ def import_ahead() -> None:
     import stratoflow.tracking.environment
     import stratoflow.training.host_samples
     import stratoflow.training.progress
+    import stratoflow.training.recorded_outputs
     import stratoflow.training.trainer  # noqa: F401
 
 
@@ -52,7 +53,7 @@ def main(payload_path: str, result_path: str) -> None:
     from stratoflow.distributed.cluster import this_process_is_chief
     from stratoflow.distributed.protocol import EPOCH_REPORT, SYSTEM_REPORT, report
     from stratoflow.tracking import environment
-    from stratoflow.training import host_samples, trainer
+    from stratoflow.training import host_samples, recorded_outputs, trainer
     from stratoflow.training.progress import EpochProgress
 
     run_dir = Path(payload.run_dir)
@@ -71,15 +72,23 @@ def main(payload_path: str, result_path: str) -> None:
         sampling = host_samples.sampled(
             payload.system_metrics_seconds, lambda sample: report(SYSTEM_REPORT, sample)
         )
+    dataset = DatasetRef.from_dict(payload.dataset)
     with sampling:
         result = trainer.train(
             spec,
-            DatasetRef.from_dict(payload.dataset),
+            dataset,
             run_dir,
             on_epoch_end=_all_of(on_epoch_end) if on_epoch_end else None,
         )
     if chief:
-        result = dataclasses.replace(result, environment=environment.describe(result.to_dict()))
+        # The later tasks score, log and serve-check the model from what is recorded here,
+        # without TensorFlow or the pipeline's code in their processes.
+        recorded = recorded_outputs.record(spec, dataset, result.model_path, run_dir)
+        result = dataclasses.replace(
+            result,
+            environment=environment.describe(result.to_dict()),
+            test_outputs_path=str(recorded),
+        )
     Path(result_path).write_text(result.to_json())
     # The process exits next: its last garbage collection need not walk TensorFlow's heap
     # (seconds: docs/BENCHMARKS.md, "Facts").

@@ -83,8 +83,12 @@ def build(features, target, filters=4):
 '''
 
 AUGMENT = '''
+from . import env_probe
+
+
 def centre(image, label):
     """A user's preprocessing: pixel values around 0 instead of in [0, 1]."""
+    env_probe.dump("preprocessing")  # traced once per input pipeline a process builds
     return image - 0.5, label
 '''
 
@@ -204,16 +208,20 @@ def test_a_pipeline_of_its_own_trains_and_registers_through_airflow(
 
 
 def _assert_model_builder_had_no_secrets(probes: list[dict], workers: int) -> None:
-    """The model builder ran in the first task's own-code check and in each training process,
-    each with the team's variable, none with a secret of the deployment's, nor anything of
-    MLflow's (docs/explanation/trust-model.md)."""
-    programs = {}
+    """The model builder and the preprocessing ran in the first task's own-code check and in
+    each training process, each with the team's variable, none with a secret of the
+    deployment's, nor anything of MLflow's; neither ran in the process of the Airflow tasks
+    (docs/explanation/trust-model.md)."""
+    programs: dict[tuple[str, str], set[int]] = {}
     for probe in probes:
-        programs.setdefault(Path(probe["argv"][0]).name, set()).add(probe["pid"])
-    assert {name: len(pids) for name, pids in programs.items()} == {
-        "own_code_check.py": 1,
-        "worker.py": workers,
-    }, [probe["argv"] for probe in probes]
+        key = (probe["where"], Path(probe["argv"][0]).name)
+        programs.setdefault(key, set()).add(probe["pid"])
+    assert {key: len(pids) for key, pids in programs.items()} == {
+        ("model builder", "own_code_check.py"): 1,
+        ("model builder", "worker.py"): workers,
+        ("preprocessing", "own_code_check.py"): 1,
+        ("preprocessing", "worker.py"): workers,
+    }, [(probe["where"], probe["argv"]) for probe in probes]
     for probe in probes:
         environ, program = probe["environ"], Path(probe["argv"][0]).name
         assert leaked(environ) == [], f"{program} was handed {leaked(environ)}"

@@ -79,6 +79,7 @@ def evaluate_and_register(digits, model_path: str, plan=None):
     from stratoflow.tasks.prepare import PreparedDataset
     from stratoflow.tasks.train import TrainedModel
     from stratoflow.tracking import mlflow_runs
+    from stratoflow.training import recorded_outputs
 
     plan, reference, *_ = digits if plan is None else (plan, *digits[1:])
     run = AirflowRun(dag_id="retrain_digits", run_id=f"manual__{uuid.uuid4().hex[:12]}")
@@ -86,7 +87,9 @@ def evaluate_and_register(digits, model_path: str, plan=None):
         plan.spec, run.dag_id, run.run_id, 1, reference.to_dict()
     )
     prepared = PreparedDataset(dataset=reference, mlflow_run_id=run_id, plan=plan)
-    trained = TrainedModel(run_id, model_path, 1, 1, 25, 0, {})
+    # What the training process records after saving the model: the tasks score from it.
+    recorded = recorded_outputs.record(plan.spec, reference, model_path, Path(model_path).parent)
+    trained = TrainedModel(run_id, model_path, 1, 1, 25, 0, {}, str(recorded))
     evaluated = evaluate.evaluate(run, prepared, trained)
     evaluated = type(evaluated).from_dict(json.loads(json.dumps(evaluated.to_dict())))
     registered = register.log_and_register(run, prepared, trained, evaluated)

@@ -23,6 +23,7 @@ from stratoflow.cli import main, runner
 from stratoflow.config import locations, names
 from tests.conftest import fresh_mlflow_client
 from tests.support.dag_runs import dags_test
+from tests.support import import_records
 from tests.support.file_modes import exposed_paths
 from tests.support.smtp_sink import deployment_mail_sink
 
@@ -59,8 +60,15 @@ def metric_steps(mlflow_client, run_id: str, key: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def default_mnist_run(mlflow_client, capsys_module):
-    code = runner.run_pipeline("mnist", {})
+def import_records_folder(tmp_path_factory) -> Path:
+    """Where each process of the default mnist run records what it imported."""
+    return tmp_path_factory.mktemp("imports")
+
+
+@pytest.fixture(scope="module")
+def default_mnist_run(mlflow_client, capsys_module, import_records_folder):
+    with import_records.recording(import_records_folder):
+        code = runner.run_pipeline("mnist", {})
     return code, capsys_module()
 
 
@@ -113,6 +121,21 @@ def test_default_mnist_run_trains_evaluates_and_registers_a_champion(
     assert "DAG run manual__" in printed and "succeeded" in printed
     assert "version 1 (aliases: challenger, champion)" in printed
     assert "mlflow ui --backend-store-uri" in printed
+
+
+def test_no_airflow_task_process_imports_tensorflow(default_mnist_run, import_records_folder):
+    """The tasks after training score, log and serve-check the model from what the training
+    process recorded: the process that runs the Airflow tasks (and holds Airflow's and MLflow's
+    secrets) imports neither TensorFlow nor Keras."""
+    code, _ = default_mnist_run
+    assert code == 0
+    by_process = {
+        " ".join(record["argv"][:3]): record["imported"]
+        for record in import_records.records(import_records_folder)
+    }
+    (tasks,) = [argv for argv in by_process if argv.endswith("dags test")]
+    # MLflow, which the tasks do import, shows that the record sees what the process imported.
+    assert by_process[tasks] == ["mlflow"], by_process
 
 
 def test_what_the_run_wrote_is_its_owners_only(default_mnist_run, mlflow_client):

@@ -54,6 +54,7 @@ def examples() -> list[Any]:
             epochs=3,
             resumed_from_epoch=1,
             final_epoch={"epoch": 3, "loss": 0.21, "val_accuracy": 0.93},
+            test_outputs_path="/state/runs/retrain_digits/manual__x/test_outputs.npz",
         ),
         Evaluation(
             mlflow_run_id="r1",
@@ -150,6 +151,7 @@ def test_the_xcom_keys_a_rest_client_reads_are_kept() -> None:
         "epochs",
         "resumed_from_epoch",
         "final_epoch",
+        "test_outputs_path",
     }
     assert set(evaluated) == {"mlflow_run_id", "test_metrics", "gate"}
     assert set(evaluated["gate"]) == {

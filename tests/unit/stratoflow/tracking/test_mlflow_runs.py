@@ -29,6 +29,13 @@ def saved_model(tf_runtime, tmp_path_factory):
     return str(path)
 
 
+def recorded(saved_model: str, examples: np.ndarray):
+    """What a training process records of `saved_model` on `examples` (all of class 0)."""
+    from stratoflow.training import recorded_outputs
+
+    return recorded_outputs.score(saved_model, examples, np.zeros(len(examples), "int64"))
+
+
 def new_run(digits_ref) -> str:
     from stratoflow.tracking import mlflow_runs
 
@@ -74,7 +81,7 @@ def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_re
     from stratoflow.tracking import mlflow_runs, model_registry
 
     name = f"test-model-{uuid.uuid4().hex[:8]}"
-    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    example = recorded(saved_model, np.zeros((2, 8, 8, 1), dtype="float32"))
     first_run, second_run = new_run(digits_ref), new_run(digits_ref)
     first_uri = model_registry.log_model(first_run, saved_model, example, DIGITS)
     assert (
@@ -99,7 +106,7 @@ def test_registration_is_idempotent_and_champion_moves_only_on_promote(digits_re
     info = mlflow.models.get_model_info(first_uri)
     assert "keras" in info.flavors
     # The served model answers with class probabilities and the predicted class.
-    answer = mlflow.pyfunc.load_model(first_uri).predict(example)
+    answer = mlflow.pyfunc.load_model(first_uri).predict(example.examples)
     assert list(answer.columns) == [
         *(f"probability_{k}" for k in range(10)),
         "predicted_class",
@@ -116,7 +123,7 @@ def test_a_failed_registration_leaves_no_version_and_restores_aliases(digits_ref
     from stratoflow.tracking import mlflow_runs, model_registry
 
     name = f"test-model-{uuid.uuid4().hex[:8]}"
-    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    example = recorded(saved_model, np.zeros((2, 8, 8, 1), dtype="float32"))
     good_run = new_run(digits_ref)
     model_registry.register(
         name, good_run, model_registry.log_model(good_run, saved_model, example, DIGITS), True, {}
@@ -140,7 +147,7 @@ def test_champion_moves_after_registration_and_a_withdrawn_one_goes_back(digits_
     from stratoflow.tracking import mlflow_runs, model_registry
 
     name = f"test-model-{uuid.uuid4().hex[:8]}"
-    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    example = recorded(saved_model, np.zeros((2, 8, 8, 1), dtype="float32"))
     versions = []
     for _ in range(2):
         run_id = new_run(digits_ref)
@@ -166,7 +173,7 @@ def test_champion_reads_the_champion_runs_test_accuracy(digits_ref, saved_model)
     run_id = new_run(digits_ref)
     mlflow_runs.log_metrics(run_id, {"test_accuracy": 0.97})
     uri = model_registry.log_model(
-        run_id, saved_model, np.zeros((1, 8, 8, 1), dtype="float32"), DIGITS
+        run_id, saved_model, recorded(saved_model, np.zeros((1, 8, 8, 1), "float32")), DIGITS
     )
     model_registry.register(name, run_id, uri, promote=True, tags={})
     assert mlflow_runs.champion(name) == ("1", pytest.approx(0.97))
@@ -194,7 +201,7 @@ def test_deleting_a_failed_runs_version_gives_champion_back_to_the_previous_one(
     from stratoflow.tracking import mlflow_runs, model_registry
 
     name = f"test-model-{uuid.uuid4().hex[:8]}"
-    example = np.zeros((2, 8, 8, 1), dtype="float32")
+    example = recorded(saved_model, np.zeros((2, 8, 8, 1), dtype="float32"))
     runs = [new_run(digits_ref) for _ in range(3)]
     uris = [model_registry.log_model(run, saved_model, example, DIGITS) for run in runs]
     model_registry.register(name, runs[0], uris[0], promote=True, tags={})

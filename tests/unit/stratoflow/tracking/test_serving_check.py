@@ -79,12 +79,15 @@ def served(tf_runtime):
     from stratoflow.config.spec import load_spec
     from stratoflow.data import datasets
     from stratoflow.tracking import mlflow_runs, model_registry
-    from stratoflow.training import evaluation
+    from stratoflow.training import recorded_outputs
     from stratoflow.training.models import mlp
 
     reference = datasets.prepare_dataset(load_spec("digits").dataset)
-    images, _ = datasets.load_arrays(reference, "test")
-    images = images[: serving_check.SERVED_EXAMPLES]
+    images, labels = datasets.load_arrays(reference, "test")
+    images, labels = (
+        images[: serving_check.SERVED_EXAMPLES],
+        labels[: serving_check.SERVED_EXAMPLES],
+    )
     model = mlp(Features("image", shape=(8, 8, 1)), DIGITS, hidden_units=[16])
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/model.keras"
@@ -96,8 +99,10 @@ def served(tf_runtime):
             1,
             reference.to_dict(),
         )
-        uri = model_registry.log_model(run_id, path, images, DIGITS)
-        outputs = evaluation.predict_outputs(path, images)
+        # As the training process records it: the tasks log and check from this.
+        recorded = recorded_outputs.score(path, images, labels)
+        uri = model_registry.log_model(run_id, path, recorded, DIGITS)
+        outputs = recorded.example_outputs()
     name = f"serving-check-{uuid.uuid4().hex[:8]}"
     version = model_registry.register(name, run_id, uri, promote=False, tags={}).version
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
