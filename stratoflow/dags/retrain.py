@@ -3,11 +3,11 @@
 `prepare_dataset` builds or loads the versioned TFDS dataset and computes every split's
 statistics, `validate_data` checks the data against the champion's before any training (a failing
 check fails the run without a retry; `accept_drift` accepts a known change), `train_model` trains
-under the
-`tf.distribute` strategy the run chose (and records the saved model's outputs on the test split),
-`evaluate_model` scores those outputs and decides the gate (its metrics and slices) against the current champion, and `log_and_register` registers a
-model version in MLflow (promoting it to `champion` only when the gate passed and the version,
-served in a fresh process, answers as the evaluated model did).
+under the `tf.distribute` strategy the run chose (and records the saved model's outputs on the
+test split), `evaluate_model` scores those outputs and decides the gate (its metrics and slices)
+against the current champion, and `log_and_register` registers a model version in MLflow
+(promoting it to `champion` only when the gate passed and the version, served in a fresh process,
+answers as the evaluated model did).
 
 A scheduled or asset-triggered run whose dataset, pipeline code and training configuration equal
 the champion's skips every task, the reason in `prepare_dataset`'s log and XCom

@@ -22,8 +22,8 @@ import pytest
 from stratoflow.cli import main, runner
 from stratoflow.config import locations, names
 from tests.conftest import fresh_mlflow_client
-from tests.support.dag_runs import dags_test
 from tests.support import import_records
+from tests.support.dag_runs import dags_test
 from tests.support.file_modes import exposed_paths
 from tests.support.smtp_sink import deployment_mail_sink
 
