@@ -13,6 +13,7 @@ from stratoflow.tasks.run_context import AirflowRun, XComResult, freezes_heap
 from stratoflow.tasks.train import TrainedModel
 from stratoflow.tracking.model_registry import RegistrationResult
 from stratoflow.tracking.serving_check import FreshProcess, ServingCheck
+from stratoflow.training.recorded_outputs import RecordedOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ def _log_and_register(
     fresh: FreshProcess | None,
 ) -> Registration:
     from stratoflow.tracking import mlflow_runs, model_registry
-    from stratoflow.training.recorded_outputs import RecordedOutputs
 
     spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id
@@ -136,7 +136,7 @@ def serving_environment() -> tuple[dict[str, str], Any]:
 def check_serving(
     prepared: PreparedDataset,
     trained: TrainedModel,
-    recorded: Any,
+    recorded: RecordedOutputs,
     registered_model: str,
     version: str,
     fresh: FreshProcess | None = None,

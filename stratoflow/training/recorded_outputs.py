@@ -85,8 +85,14 @@ class RecordedOutputs:
         """Read what `save` wrote.
 
         Raises:
-            FileNotFoundError: nothing was recorded there.
+            FileNotFoundError: nothing was recorded there, or no path was given (a training
+                task of an earlier stratoflow recorded nothing).
         """
+        if not path:
+            raise FileNotFoundError(
+                "the training task recorded no test outputs (it ran an earlier stratoflow): "
+                "clear train_model and the tasks after it to train and record again"
+            )
         with np.load(path, allow_pickle=False) as data:
             columns = {
                 key.removeprefix(_COLUMN): data[key]
