@@ -27,7 +27,8 @@ results up to the order of summation inside a kernel (which a different batch si
 a few units of float32's 1.2e-7 per value. Class probabilities (in [0, 1]) may therefore differ
 by at most `PROBABILITY_TOLERANCE` = 1e-4 (about a thousand times that noise, and a hundred times
 below any change of behaviour worth serving), and regression predictions by 1e-4 of their scale
-(`max(|prediction|, 1)`). Examples: the first `SERVED_EXAMPLES` = 256 of the test split (all of
+(`max(|prediction|, 1)`). Examples: the first 256 of the test split, as the training process
+recorded them (`stratoflow.training.recorded_outputs.EXAMPLES`; all of
 them for the bundled datasets but mnist's 500): the check's cost is the fresh process importing
 TensorFlow and loading the model (seconds), not the examples, and more examples reach more
 classes and more input values.
@@ -51,7 +52,6 @@ from stratoflow.config.features import Target
 
 logger = logging.getLogger(__name__)
 
-SERVED_EXAMPLES = 256
 PROBABILITY_TOLERANCE = 1e-4
 PREDICTION_RELATIVE_TOLERANCE = 1e-4
 # Importing TensorFlow and loading a model took 10-25 s here; a process that has not answered in
@@ -106,7 +106,7 @@ def check_served_answers(
     Args:
         model_uri: the version's registry URI, `models:/<name>/<version>`.
         features: the test examples it answers (`datasets.load_arrays`: an image array or a dict
-            of columns), at most `SERVED_EXAMPLES` of them.
+            of columns), as recorded (`stratoflow.training.recorded_outputs.EXAMPLES`).
         outputs: the evaluated model's outputs on the same examples (logits, or predictions).
         target: what the model predicts (task, class names).
         environment: the fresh process's whole environment.

@@ -25,6 +25,10 @@ import numpy as np
 from stratoflow.training.slices import TestSlice
 
 FILE_NAME = "test_outputs.npz"
+# The first test examples kept: what the serving check (`stratoflow.tracking.serving_check`) sends
+# a served version; its cost is the fresh process's imports, not the examples. Defined here, not
+# there: the training process may import no module that imports MLflow.
+EXAMPLES = 256
 _COLUMN = "example_column."  # a tabular example's column, by name
 
 
@@ -36,7 +40,7 @@ class RecordedOutputs:
         outputs: the model's outputs on every test example (logits, or predictions).
         targets: the test split's targets, in the same order.
         examples: its first examples as the model takes them (an image array, or a dict of
-            column arrays), at most `serving_check.SERVED_EXAMPLES`; `outputs` starts with
+            column arrays), at most `EXAMPLES`; `outputs` starts with
             theirs.
         slices: the gate's slices of the split, with their masks.
         versions: the distributions that trained it: the TensorFlow build
@@ -164,11 +168,11 @@ def score(
 ) -> RecordedOutputs:
     """The saved model's outputs on `features` (`datasets.load_arrays`), loaded from its file as
     a user of the registered version would."""
-    from stratoflow.tracking import environment, serving_check
+    from stratoflow.tracking import environment
     from stratoflow.training import evaluation
 
     outputs = evaluation.predict_outputs(model_path, features)
-    count = serving_check.SERVED_EXAMPLES
+    count = EXAMPLES
     examples = (
         {name: values[:count] for name, values in features.items()}
         if isinstance(features, dict)

@@ -85,8 +85,8 @@ def served(tf_runtime):
     reference = datasets.prepare_dataset(load_spec("digits").dataset)
     images, labels = datasets.load_arrays(reference, "test")
     images, labels = (
-        images[: serving_check.SERVED_EXAMPLES],
-        labels[: serving_check.SERVED_EXAMPLES],
+        images[: recorded_outputs.EXAMPLES],
+        labels[: recorded_outputs.EXAMPLES],
     )
     model = mlp(Features("image", shape=(8, 8, 1)), DIGITS, hidden_units=[16])
     with tempfile.TemporaryDirectory() as folder:
