@@ -735,10 +735,10 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "`make install` now compiles the venv once (`make run` lets its processes write the "
             "bytecode of what they import instead: docs/reference/install.md). This shortened "
             "every task that imports TensorFlow, the training process's start most.",
-            "- Still paid inside the tasks: TensorFlow's import in the training process and "
-            "again in the Airflow process for evaluate_model and log_and_register, which load the "
-            "saved model (the training runs in a child by design, so a native crash cannot take "
-            "the task down); MLflow's import. Not paid any more by a run whose pipeline code, data "
+            "- Still paid inside the tasks: TensorFlow's import in the training process (the "
+            "training runs in a child by design, so a native crash cannot take the task down; "
+            "the tasks after it read the test outputs it recorded and import no TensorFlow); "
+            "MLflow's import. Not paid any more by a run whose pipeline code, data "
             "and configuration equal a passed own-code check's: its child is not started (issue "
             "29; where a run's fixed cost goes: the hand-written section below).",
             "",
