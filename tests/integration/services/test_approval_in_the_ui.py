@@ -126,12 +126,22 @@ def _finished(live: LiveStack, dag_id: str, run_id: str) -> dict[str, str]:
 
 
 def _failed_logs(live: LiveStack, dag_id: str, run_id: str) -> str:
-    """The end of each failed task's log, for a failure message."""
+    """The end of each failed task's log, and what the stack's services logged of the run, for a
+    failure message (a task process that dies leaves the why in its supervisor's log, not its
+    own)."""
     tails = []
     for task in live.api.task_instances(dag_id, run_id):
         if task["state"] == "failed":
             text = live.api.task_log(dag_id, run_id, task["task_id"], task["try_number"])
             tails.append(f"--- {task['task_id']} (try {task['try_number']}):\n{text[-4000:]}")
+    assert live.stack.config is not None
+    services = [
+        f"{path.stem}: {line[:600]}"
+        for path in sorted(live.stack.config.logs_dir.glob("*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if run_id in line
+    ]
+    tails.append("--- the services' lines naming the run:\n" + "\n".join(services[-40:]))
     return "\n".join(tails)
 
 
