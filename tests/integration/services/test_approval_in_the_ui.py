@@ -130,8 +130,10 @@ def _failed_logs(live: LiveStack, dag_id: str, run_id: str) -> str:
     failure message (a task process that dies leaves the why in its supervisor's log, not its
     own)."""
     tails = []
+    named = {run_id}  # the supervisor's lines name the task instance by its id
     for task in live.api.task_instances(dag_id, run_id):
         if task["state"] == "failed":
+            named.add(str(task.get("id", run_id)))
             text = live.api.task_log(dag_id, run_id, task["task_id"], task["try_number"])
             tails.append(f"--- {task['task_id']} (try {task['try_number']}):\n{text[-4000:]}")
     assert live.stack.config is not None
@@ -139,9 +141,11 @@ def _failed_logs(live: LiveStack, dag_id: str, run_id: str) -> str:
         f"{path.stem}: {line[:600]}"
         for path in sorted(live.stack.config.logs_dir.glob("*.log"))
         for line in path.read_text(errors="replace").splitlines()
-        if run_id in line
+        if any(name in line for name in named)
     ]
-    tails.append("--- the services' lines naming the run:\n" + "\n".join(services[-40:]))
+    tails.append(
+        "--- the services' lines naming the run or a failed task:\n" + "\n".join(services[-40:])
+    )
     return "\n".join(tails)
 
 
