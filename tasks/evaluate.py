@@ -56,7 +56,6 @@ def evaluate(run: AirflowRun, prepared: PreparedDataset, trained: TrainedModel) 
     """
     from stratoflow.tracking import mlflow_runs
     from stratoflow.training import evaluation
-    from stratoflow.training.recorded_outputs import RecordedOutputs
 
     spec = prepared.plan.spec
     mlflow_run_id = trained.mlflow_run_id

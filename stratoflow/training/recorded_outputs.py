@@ -40,8 +40,7 @@ class RecordedOutputs:
         outputs: the model's outputs on every test example (logits, or predictions).
         targets: the test split's targets, in the same order.
         examples: its first examples as the model takes them (an image array, or a dict of
-            column arrays), at most `EXAMPLES`; `outputs` starts with
-            theirs.
+            column arrays), at most `EXAMPLES`; `outputs` starts with theirs.
         slices: the gate's slices of the split, with their masks.
         versions: the distributions that trained it: the TensorFlow build
             (`tensorflow-cpu` or `tensorflow`) and `keras`, with their versions.
@@ -103,16 +102,14 @@ class RecordedOutputs:
                 for key in data.files
                 if key.startswith(_COLUMN)
             }
-            masks = data["slice_masks"]
             slices = [
-                TestSlice(str(name), str(description), masks[i], float(allowed))
-                for i, (name, description, allowed) in enumerate(
-                    zip(
-                        data["slice_names"],
-                        data["slice_descriptions"],
-                        data["slice_max_regressions"],
-                        strict=True,
-                    )
+                TestSlice(str(name), str(description), mask, float(allowed))
+                for name, description, mask, allowed in zip(
+                    data["slice_names"],
+                    data["slice_descriptions"],
+                    data["slice_masks"],
+                    data["slice_max_regressions"],
+                    strict=True,
                 )
             ]
             return cls(
@@ -172,11 +169,10 @@ def score(
     from stratoflow.training import evaluation
 
     outputs = evaluation.predict_outputs(model_path, features)
-    count = EXAMPLES
     examples = (
-        {name: values[:count] for name, values in features.items()}
+        {name: values[:EXAMPLES] for name, values in features.items()}
         if isinstance(features, dict)
-        else features[:count]
+        else features[:EXAMPLES]
     )
     return RecordedOutputs(
         outputs=outputs,
