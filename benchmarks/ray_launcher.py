@@ -33,6 +33,9 @@ logger = logging.getLogger("benchmarks.ray")
 EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted in the throughput
 MWMS = {"strategy": "multi_worker_mirrored", "workers": 2}
 PS = {"strategy": "parameter_server", "workers": 2, "ps": 1}
+# With `warm_spares`, a Ray run's actors keep a spare each: every member's for multi-worker
+# mirrored, every worker's for parameter server (`_RayCluster.keep_spares`).
+SPARES_KEPT = {"multi_worker_mirrored": 2, "parameter_server": 2}
 
 
 def run(conf: dict[str, Any], out: str) -> None:
@@ -42,6 +45,11 @@ def run(conf: dict[str, Any], out: str) -> None:
     from stratoflow.tasks.run_context import AirflowRun
     from stratoflow.tracking import mlflow_runs
 
+    # What the launcher says, for the bench to see when the spares are warm (`_said_path`).
+    said = logging.FileHandler(_said_path(out))
+    distributed = logging.getLogger("stratoflow.distributed")
+    distributed.addHandler(said)
+    distributed.setLevel(logging.INFO)
     airflow_run = AirflowRun("retrain_mnist", f"bench__{uuid.uuid4().hex[:8]}")
     prepared = prepare.prepare("mnist", {"epochs": EPOCHS, **conf}, airflow_run)
     started = time.time()
@@ -95,39 +103,16 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
         figures["ray_processes"] = sum(len(hosts.pids(host)) for host in hosts.hosts)
 
         def on_head(
-            conf: dict[str, Any], during: Callable[[], Any] | None = None
+            conf: dict[str, Any], during: Callable[[], Any] | None = None, spares: int = 0
         ) -> dict[str, Any]:
-            return _on_head(hosts, conf, during)
+            return _on_head(hosts, conf, during, spares=spares)
 
         for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
             for launcher in ("local", "ray"):
                 logger.info("%s, launcher %s", name, launcher)
                 figures[f"{name}/{launcher}"] = on_head({**conf, "launcher": launcher})
 
-        def kill_worker_1() -> dict[str, Any]:
-            victim = _member(hosts, "worker", 1)
-            victim.kill()
-            return {"killed_at": time.time()}
-
-        def kill_host_of_worker_1() -> dict[str, Any]:
-            victim = _member(hosts, "worker", 1)
-            host = next(h for h in hosts.worker_hosts if victim.pid in hosts.pids(h))
-            hosts.kill_host(host)
-            return {"killed_at": time.time(), "killed_host": host}
-
-        for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
-            for launcher in ("local", "ray"):
-                logger.info("%s, launcher %s, worker 1 killed", name, launcher)
-                figures[f"{name}/{launcher}/worker killed"] = on_head(
-                    {**conf, "launcher": launcher, "placement": "spread"}, kill_worker_1
-                )
-            logger.info("%s, launcher ray, the host of worker 1 killed", name)
-            figures[f"{name}/ray/host killed"] = on_head(
-                {**conf, "launcher": "ray", "placement": "spread"}, kill_host_of_worker_1
-            )
-            for host in hosts.worker_hosts:
-                if not hosts.pids(host):
-                    hosts.start_node(host)
+        figures.update(_recoveries(hosts, on_head))
 
         def kill_ray_head() -> dict[str, Any]:
             # The head's Ray processes only: the driver (the training task) lives on.
@@ -143,6 +128,65 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
         figures["multi_worker_mirrored/ray/head killed"] = on_head(
             {**MWMS, "launcher": "ray", "max_restarts": 2}, kill_ray_head
         )
+    return dict(figures)
+
+
+def _recoveries(
+    hosts: Any, on_head: Callable[..., dict[str, Any]], rounds: int = 1
+) -> dict[str, Any]:
+    """Worker 1 killed (local; ray without and with warm spares) and its host killed (ray),
+    for both strategies, `rounds` times."""
+    figures: dict[str, Any] = {}
+
+    def kill_worker_1() -> dict[str, Any]:
+        victim = _member(hosts, "worker", 1)
+        victim.kill()
+        return {"killed_at": time.time()}
+
+    def kill_host_of_worker_1() -> dict[str, Any]:
+        victim = _member(hosts, "worker", 1)
+        host = next(h for h in hosts.worker_hosts if victim.pid in hosts.pids(h))
+        hosts.kill_host(host)
+        return {"killed_at": time.time(), "killed_host": host}
+
+    for number in range(1, rounds + 1):
+        prefix = f"{number}/" if rounds > 1 else ""
+        for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
+            spread = {**conf, "placement": "spread"}
+            cases = [
+                ("local/worker killed", {"launcher": "local"}, False),
+                ("ray/worker killed", {"launcher": "ray"}, False),
+                ("ray/worker killed, warm spares", {"launcher": "ray", "warm_spares": True}, True),
+            ]
+            for case, settings, spares in cases:
+                logger.info("%s, %s", name, case)
+                figures[f"{prefix}{name}/{case}"] = on_head(
+                    {**spread, **settings}, kill_worker_1, SPARES_KEPT[name] if spares else 0
+                )
+            logger.info("%s, launcher ray, the host of worker 1 killed", name)
+            figures[f"{prefix}{name}/ray/host killed"] = on_head(
+                {**spread, "launcher": "ray"}, kill_host_of_worker_1
+            )
+            for host in hosts.worker_hosts:
+                if not hosts.pids(host):
+                    hosts.start_node(host)
+    return figures
+
+
+def recovery(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
+    """The recovery part of `measure` alone, `rounds` times."""
+    from tests.support.ray_hosts import ray_hosts
+
+    figures = _Figures(partial)
+    with ray_hosts(workers=2) as hosts:
+
+        def on_head(
+            conf: dict[str, Any], during: Callable[[], Any] | None = None, spares: int = 0
+        ) -> dict[str, Any]:
+            return _on_head(hosts, conf, during, spares=spares)
+
+        for key, value in _recoveries(hosts, on_head, rounds).items():
+            figures[key] = value
     return dict(figures)
 
 
@@ -221,8 +265,10 @@ def _on_head(
     conf: dict[str, Any],
     during: Callable[[], Any] | None = None,
     load: bool = False,
+    spares: int = 0,
 ) -> dict[str, Any]:
-    """Run `conf` on the head host (`run`); `during` is called at the first checkpoint."""
+    """Run `conf` on the head host (`run`); `during` is called at the first checkpoint, once
+    `spares` warm spares are ready."""
     from tests.support.ray_hosts import HEAD
 
     with tempfile.TemporaryDirectory(prefix="stratoflow-bench-ray-") as folder:
@@ -237,7 +283,7 @@ def _on_head(
         )
         acted: dict[str, Any] = {}
         if during is not None:
-            acted = _at_first_checkpoint(process, during)
+            acted = _at_first_checkpoint(process, during, _said_path(str(out)), spares)
         returncode = process.wait(timeout=1200)
         if load:
             acted["load_average_1min"] = [load_before, os.getloadavg()[0]]
@@ -265,16 +311,31 @@ def _member(hosts: Any, job: str, index: int) -> Any:
     raise RuntimeError(f"no {job} {index} is running on the hosts")
 
 
+def _said_path(out: str) -> Path:
+    return Path(f"{out}.said")
+
+
 def _at_first_checkpoint(
-    process: subprocess.Popen[bytes], act: Callable[[], dict[str, Any]]
+    process: subprocess.Popen[bytes],
+    act: Callable[[], dict[str, Any]],
+    said: Path | None = None,
+    spares: int = 0,
 ) -> dict[str, Any]:
+    """Call `act` once the run wrote its first checkpoint and `spares` spares are warm."""
     from stratoflow.config import locations
 
     since = time.time()
     runs = locations.state_dir() / "runs"
+    checkpointed = False
     while process.poll() is None:
-        if any(path.stat().st_mtime > since for path in runs.glob("*/*/checkpoints/ckpt-1.index")):
-            return act()
+        checkpointed = checkpointed or any(
+            path.stat().st_mtime > since for path in runs.glob("*/*/checkpoints/ckpt-1.index")
+        )
+        warm = 0
+        if spares and said is not None and said.exists():
+            warm = said.read_text().count("warm spare ready")
+        if checkpointed and warm >= spares:
+            return act() | {"warm_spares_ready": warm}
         time.sleep(0.2)
     return {}
 
@@ -283,6 +344,13 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if sys.argv[1:2] == ["run"]:
         run(json.loads(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1:2] == ["recovery"]:  # recovery [ROUNDS [PARTIAL]]
+        from benchmarks.throwaway import use_throwaway_state
+
+        use_throwaway_state()
+        rounds = int(sys.argv[2]) if sys.argv[2:] else 1
+        partial = Path(sys.argv[3]) if sys.argv[3:] else None
+        sys.stdout.write(json.dumps(recovery(rounds, partial), indent=1) + "\n")
     elif sys.argv[1:2] == ["throughput"]:  # throughput [ROUNDS [PARTIAL [EPOCHS]]]
         from benchmarks.throwaway import use_throwaway_state
 

@@ -170,9 +170,10 @@ class TrainingConfig:
     warm_spares: bool = _setting(
         False,
         title="Warm spares",
-        help="launcher 'local' only: once training runs, keep spare processes that have "
-        "imported TensorFlow and replace a lost member at once (one for parameter_server, one "
-        "per member otherwise; each costs a TensorFlow import and about 600 MB of memory).",
+        help="Once training runs, keep spare processes that have imported TensorFlow and "
+        "replace a lost member at once (parameter_server: one on the host, or with launcher "
+        "'ray' one beside each worker; otherwise one per member; each costs a TensorFlow "
+        "import and about 600 MB of memory).",
     )
     loop: str = _setting(
         "custom",
@@ -389,11 +390,6 @@ def check_training(training: TrainingConfig, where: str = "training") -> None:
     if training.launcher != "ray" and training.ray_cluster:
         raise SpecError(
             f"{where}.ray_cluster applies to launcher 'ray' only; set launcher 'ray' or clear it"
-        )
-    if training.launcher != "local" and training.warm_spares:
-        raise SpecError(
-            f"{where}.warm_spares works with launcher 'local' only (a Ray run's members are "
-            "actors that Ray starts); set it false, or use launcher 'local'"
         )
     if training.loop not in strategy.loops:
         loop_ok = [name for name, other in STRATEGIES.items() if training.loop in other.loops]

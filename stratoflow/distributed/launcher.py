@@ -452,15 +452,23 @@ class Cluster:
 
     def _keep_spares(self, running: dict[str, Running], result_member: Running) -> None:
         """Once training runs and no member is starting again, keep the cluster's spares."""
-        if self.spares is None or result_member.first_step_at is None:
+        if result_member.first_step_at is None:
             return
         if any(child.restarted_at is not None for child in running.values()):
             return  # a recovery is under way: it gets the cores first
-        rejoining = [child.member for child in running.values() if child.member.rejoins]
+        rejoining = [child for child in running.values() if child.member.rejoins]
         # The program of the members a loss starts again: a rejoining worker's, else the result
         # member's (a training process).
-        module = (rejoining[0] if rejoining else result_member.member).module
-        self.spares.fill(wanted_for(len(rejoining), len(running)), module)
+        module = (rejoining[0] if rejoining else result_member).member.module
+        self.keep_spares(running, rejoining, module)
+
+    def keep_spares(
+        self, running: dict[str, Running], rejoining: list[Running], module: str
+    ) -> None:
+        """Keep spares for member program `module` (the local launcher's pool, if the run
+        asked for one); `rejoining`: the members a loss starts again alone."""
+        if self.spares is not None:
+            self.spares.fill(wanted_for(len(rejoining), len(running)), module)
 
     def _rejoin(self, child: Running, returncode: int | None, result_member: Running) -> bool:
         """Start a lost parameter-server worker again in place, if it may; True if it was."""

@@ -10,7 +10,9 @@ TF_CONFIG built from every member's node address and port. The driver (this proc
 the actors with the local launcher's rules (`stratoflow.distributed.launcher.Cluster`): their
 output goes to this process's log, the first member lost or failed takes the others down, and a
 lost member (killed, or its node dead or unreachable) restarts the cluster from its last
-checkpoint within the run's `max_restarts`.
+checkpoint within the run's `max_restarts`. The gang (`_Gang`) outlives a restart while every
+actor answers: the members start again in the actors they had (from the warm spare each keeps,
+with `warm_spares`); a lost actor or node places a new gang.
 
 Actors of a standing cluster do not inherit this process's environment: what the members need
 (the data and state folders, the team's own variables) is passed to them explicitly
@@ -53,7 +55,7 @@ from stratoflow.distributed.launcher import (
     with_restarts,
 )
 from stratoflow.distributed.member_environment import pipeline_environment, team_variables
-from stratoflow.distributed.processes import die_with_parent
+from stratoflow.distributed.processes import start_reading_lines
 from stratoflow.distributed.protocol import (
     PROCESS_START_ENV,
     ReportSink,
@@ -61,6 +63,7 @@ from stratoflow.distributed.protocol import (
     TrainingPayload,
     TrainingResult,
 )
+from stratoflow.distributed.spares import Spares
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +120,8 @@ class MemberHost:
         self.reader: threading.Thread | None = None
         self.lines: list[str] = []
         self.lock = threading.Lock()
+        # Empty unless the driver asks for a spare (a run's `warm_spares`).
+        self.spares = Spares(self._inherited())
 
     def node(self) -> dict[str, Any]:
         """This node's address, host name, machine, CPU count (and whether the node sets its
@@ -134,37 +139,41 @@ class MemberHost:
         }
 
     def start(self, module: str, payload: str, env: dict[str, str]) -> int:
-        """Start (or start again) `python -m module PAYLOAD RESULT`; returns its pid."""
+        """Start (or start again) `python -m module PAYLOAD RESULT`, from this actor's warm
+        spare if it keeps one; returns its pid."""
         self._stop_process()
         payload_path = Path(self.workdir) / "payload.json"
         result_path = Path(self.workdir) / "result.json"
         payload_path.write_text(payload)
         result_path.unlink(missing_ok=True)
+        command = [sys.executable, "-m", module, str(payload_path), str(result_path)]
+        member_env = {**self._inherited(), **env}
+        spare = self.spares.take(module)
+        if spare is not None:
+            spare.become(command, member_env, self._take_line)
+            self.process, self.reader = spare.process, spare.reader
+        else:
+            self.process, self.reader = start_reading_lines(command, member_env, self._take_line)
+        return self.process.pid
+
+    def keep_spare(self, module: str) -> None:
+        """Keep one warm spare for member program `module` on this actor's node
+        (`stratoflow.distributed.spares`): the next `start` here becomes it."""
+        self.spares.fill(1, module)
+
+    def _inherited(self) -> dict[str, str]:
         # The node's environment holds its Ray token: the member gets the allowlist. Ray pins
         # 1-CPU actors to one OpenMP thread; TensorFlow's pools are sized by the driver
         # (`thread_shares`), as the local launcher's.
-        inherited = {
-            k: v for k, v in pipeline_environment(os.environ).items() if k != "OMP_NUM_THREADS"
+        allowed = pipeline_environment(os.environ)
+        return {
+            **{k: v for k, v in allowed.items() if k != "OMP_NUM_THREADS"},
+            "TMPDIR": self.workdir,
         }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", module, str(payload_path), str(result_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env={**inherited, "TMPDIR": self.workdir, **env},
-            preexec_fn=die_with_parent(signal.SIGKILL),
-        )
-        self.reader = threading.Thread(target=self._read, args=(self.process,), daemon=True)
-        self.reader.start()
-        return self.process.pid
 
-    def _read(self, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        for raw in process.stdout:
-            with self.lock:
-                self.lines.append(raw.rstrip())
+    def _take_line(self, line: str) -> None:
+        with self.lock:
+            self.lines.append(line)
 
     def poll(self) -> dict[str, Any]:
         """New output lines, the exit status (None while running) and the result, once done."""
@@ -177,16 +186,27 @@ class MemberHost:
         result = None
         if returncode is not None and result_path.exists():
             result = json.loads(result_path.read_text())
-        return {"lines": lines, "returncode": returncode, "result": result}
+        spare_warm = any(spare.warm for spare in self.spares.waiting)
+        return {
+            "lines": lines,
+            "returncode": returncode,
+            "result": result,
+            "spare_warm": spare_warm,
+        }
 
     def signal_member(self, signum: int) -> None:
         """Send the member's process a signal (the tests kill a member this way)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signum)
 
-    def stop(self) -> None:
-        """Kill the member's process and remove its work folder."""
+    def stop_member(self) -> None:
+        """Kill the member's process (the actor and its spare stay for the next start)."""
         self._stop_process()
+
+    def stop(self) -> None:
+        """Kill the member's process and the spare, and remove the work folder."""
+        self._stop_process()
+        self.spares.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _stop_process(self) -> None:
@@ -228,6 +248,7 @@ class RayLauncher:
             restarts=restarts,
             token=self.token,
             reports=reports,
+            warm_spares=payload.plan.training.warm_spares,
         )
         return TrainingResult.from_dict(result)
 
@@ -243,6 +264,7 @@ def run_cluster(
     timeout_seconds: float | None = None,
     token: str | None = None,
     reports: ReportSink | None = None,
+    warm_spares: bool = False,
 ) -> dict[str, Any]:
     """Run the planned members on the Ray cluster at `address`; the result member's result.
 
@@ -256,6 +278,8 @@ def run_cluster(
         timeout_seconds: fail if one start of the cluster takes longer.
         token: the Ray token to present (`connect`); None: this node's own.
         reports: takes the members' reports (`protocol.report`) as the supervision polls them.
+        warm_spares: once training runs, each member a loss starts again keeps a spare with
+            TensorFlow imported in its actor (`MemberHost.keep_spare`).
 
     Returns:
         The result member's result, with `nodes`: member name -> "ip (hostname)".
@@ -268,15 +292,17 @@ def run_cluster(
 
     connect(address, token)
     budget = restarts or Restarts(0)
+    gangs = _Gangs(len(plan), placement)
     try:
 
-        def start_once() -> dict[str, Any]:  # a fresh cluster each start: fresh nodes and ports
+        def start_once() -> dict[str, Any]:  # fresh ports each start; a new gang if one was lost
             return _RayCluster(
-                plan, result_from, payload, placement, budget, timeout_seconds, reports
+                plan, result_from, payload, gangs, budget, timeout_seconds, reports, warm_spares
             ).run()
 
         return with_restarts(lambda: retry_port_clashes(start_once, PORT_CLASH_ATTEMPTS), budget)
     finally:
+        gangs.close()
         ray.shutdown()
 
 
@@ -357,6 +383,8 @@ class _ActorRunning(Running):
         self.pending: Any = None
         self.asked_at = self.heard_at = time.monotonic()
         self.lost: str | None = None
+        # The spare asked of this member's actor since its process started; whether it is warm.
+        self.spare_asked = self.spare_warm = False
         logger.info(
             "%s started (pid %d on node %s): python -m %s",
             member.name,
@@ -399,6 +427,15 @@ class _ActorRunning(Running):
         for line in state["lines"]:
             self.take_line(line)
         self.returncode, self.final = state["returncode"], state["result"]
+        if state["spare_warm"] and not self.spare_warm:
+            logger.info("warm spare ready beside %s (%s)", self.member.name, self.where())
+        self.spare_warm = state["spare_warm"]
+
+    def keep_spare(self, module: str) -> None:
+        """Have this member's actor keep a warm spare for `module` (once per start)."""
+        if not self.spare_asked and self.lost is None:
+            self.actor.keep_spare.remote(module)
+            self.spare_asked = True
 
     def poll(self) -> int | None:
         return self.returncode
@@ -411,6 +448,7 @@ class _ActorRunning(Running):
 
         self.ready_at, self.restarted_at = None, time.monotonic()
         self.returncode = self.final = None
+        self.spare_asked = self.spare_warm = False
         self.pid = ray.get(
             self.actor.start.remote(self.member.module, self.payload, self.member.env), timeout=60
         )
@@ -427,14 +465,14 @@ class _ActorRunning(Running):
             self.refresh(wait=3.0)
 
     def kill(self) -> None:
+        """Kill the member's process; its actor stays (the gang's to end)."""
         import ray
 
-        if self.lost is None:
+        if self.lost is None and self.returncode is None:
             try:
-                ray.get(self.actor.stop.remote(), timeout=10)
+                ray.get(self.actor.stop_member.remote(), timeout=10)
             except Exception:  # the actor or its node is gone: nothing left to stop there
                 logger.debug("could not stop %s", self.member.name, exc_info=True)
-        ray.kill(self.actor, no_restart=True)
         if self.returncode is None:
             self.returncode = -signal.SIGKILL
 
@@ -474,67 +512,166 @@ def describe_node(node: dict[str, Any]) -> str:
     return f"{node['ip']} ({node['hostname']})"
 
 
+class _Gang:
+    """A run's placement group, one bundle per member, and a `MemberHost` actor in each.
+
+    Kept from one start of the cluster to the next while every actor answers: a member that was
+    killed starts again in the same actor (from its warm spare, if it keeps one), without a new
+    reservation; a lost actor or node ends the gang, and the next start reserves a new one.
+    """
+
+    def __init__(self, size: int, placement: str):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.size, self.placement = size, placement
+        self.group = placement_group([{"CPU": 1}] * size, strategy=PLACEMENT_STRATEGIES[placement])
+        self.actors: list[Any] = []
+        # Set once an actor was lost (its index in `lost`, where known): the next start places a
+        # new gang, and nothing waits on a lost actor to stop.
+        self.broken = False
+        self.lost: set[int] = set()
+        try:
+            self._wait_placed()
+        except BaseException:
+            self.close()
+            raise
+        host = ray.remote(num_cpus=1, max_restarts=0)(MemberHost)
+        niceness = {"env_vars": {RAY_NICENESS_ENV: str(member_niceness())}}
+        self.actors = [
+            host.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=index
+                ),
+                runtime_env=niceness,
+            ).remote()
+            for index in range(size)
+        ]
+
+    def nodes(self, timeout: float = ACTOR_START_TIMEOUT_SECONDS) -> list[dict[str, Any]]:
+        """Each actor's node, with a port free there now (`MemberHost.node`).
+
+        Raises:
+            MemberLost: an actor did not answer within `timeout` (its node died after the
+                reservation, and Ray has not noticed yet); the gang is broken.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return list(ray.get([actor.node.remote() for actor in self.actors], timeout=timeout))
+        except (GetTimeoutError, RayActorError) as error:
+            self.lose(range(len(self.actors)))  # which one is not known: wait on none
+            raise MemberLost(
+                f"the cluster's actors did not answer on their nodes ({type(error).__name__})",
+                "a member's node",
+            ) from None
+
+    def lose(self, indices: Any) -> None:
+        """Note the actors at `indices` as lost: the gang is not used again."""
+        self.broken = True
+        self.lost.update(indices)
+
+    def _wait_placed(self) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        try:
+            ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT_SECONDS)
+        except GetTimeoutError:
+            nodes = [node for node in ray.nodes() if node["Alive"]]
+            free = ray.available_resources().get("CPU", 0)
+            raise RayClusterError(
+                f"Ray could not place the {self.size} cluster members "
+                f"(placement {self.placement!r}, 1 CPU each) within "
+                f"{PLACEMENT_TIMEOUT_SECONDS:.0f} s: the Ray cluster has {len(nodes)} live "
+                f"node(s) and {free:g} free CPU(s); add nodes, or choose placement 'pack'"
+            ) from None
+
+    def close(self) -> None:
+        """Stop every member and spare, end the actors, free the reservation."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        # Their work folders and spares; a lost actor has nothing left to clean (and waiting on
+        # one cut off would only delay the run's end).
+        stopping = [
+            actor.stop.remote() for index, actor in enumerate(self.actors) if index not in self.lost
+        ]
+        if stopping:
+            ray.wait(stopping, num_returns=len(stopping), timeout=STOP_SECONDS)
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        remove_placement_group(self.group)
+
+
+# How long the gang's actors may take to stop their members and spares before they are killed.
+STOP_SECONDS = 10.0
+# How long a kept gang's actors may take to answer before it is given up for a new one.
+KEPT_GANG_ANSWER_SECONDS = 10.0
+
+
+class _Gangs:
+    """The gang each start of a run's cluster uses: the last one while it is whole."""
+
+    def __init__(self, size: int, placement: str):
+        self.size, self.placement = size, placement
+        self.current: _Gang | None = None
+
+    def ready(self) -> tuple[_Gang, list[dict[str, Any]]]:
+        """A whole gang and its actors' nodes (fresh ports on each call)."""
+        if self.current is not None and not self.current.broken:
+            try:
+                return self.current, self.current.nodes(KEPT_GANG_ANSWER_SECONDS)
+            except MemberLost:
+                logger.info("an actor of the cluster no longer answers: placing a new one")
+        self.close()
+        self.current = _Gang(self.size, self.placement)
+        return self.current, self.current.nodes()
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+
 class _RayCluster(Cluster):
     def __init__(
         self,
         plan: Sequence[PlannedMember],
         result_from: str,
         payload: dict[str, Any] | str,
-        placement: str,
+        gangs: _Gangs,
         restarts: Restarts,
         timeout_seconds: float | None,
         reports: ReportSink | None = None,
+        warm_spares: bool = False,
     ):
         super().__init__(
             [], result_from, payload, timeout_seconds, restarts=restarts, reports=reports
         )
         self.plan = plan
-        self.placement = placement
+        self.gangs = gangs
+        self.warm_spares = warm_spares
         self.launched = time.time()
 
     def run(self) -> dict[str, Any]:
-        import ray
         from ray.exceptions import GetTimeoutError, RayActorError
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         # The members' start time (seconds_to_first_step counts from it) is the reservation's:
         # placing the gang and starting its actors is part of what a run waits for.
         self.launched = time.time()
-        group = placement_group(
-            [{"CPU": 1}] * len(self.plan), strategy=PLACEMENT_STRATEGIES[self.placement]
-        )
-        actors: list[Any] = []
+        gang, nodes = self.gangs.ready()
         running: dict[str, Running] = {}
         try:
-            self._wait_placed(group)
-            host = ray.remote(num_cpus=1, max_restarts=0)(MemberHost)
-            niceness = {"env_vars": {RAY_NICENESS_ENV: str(member_niceness())}}
-            actors = [
-                host.options(
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        group, placement_group_bundle_index=index
-                    ),
-                    runtime_env=niceness,
-                ).remote()
-                for index in range(len(self.plan))
-            ]
-            try:
-                nodes = ray.get(
-                    [actor.node.remote() for actor in actors], timeout=ACTOR_START_TIMEOUT_SECONDS
-                )
-            except (GetTimeoutError, RayActorError) as error:
-                # A node that died after the reservation (Ray has not noticed yet): try again.
-                raise MemberLost(
-                    f"the cluster's actors did not start on their nodes ({type(error).__name__})",
-                    "a member's node",
-                ) from None
             members = self._members(nodes)
             text = self.payload
-            for member, actor, node in zip(members, actors, nodes, strict=True):
+            for member, actor, node in zip(members, gang.actors, nodes, strict=True):
                 try:
                     running[member.name] = _ActorRunning(member, actor, node, text, self.reports)
                 except (GetTimeoutError, RayActorError) as error:
+                    gang.lose([len(running)])
                     raise MemberLost(
                         f"{member.name} could not be started on node {describe_node(node)} "
                         f"({type(error).__name__})",
@@ -549,25 +686,20 @@ class _RayCluster(Cluster):
         finally:
             for child in running.values():
                 child.kill()
-            for actor in actors[len(running) :]:
-                ray.kill(actor, no_restart=True)
-            remove_placement_group(group)
+            lost = [i for i, child in enumerate(running.values()) if child.lost_reason()]
+            if lost:
+                gang.lose(lost)
 
-    def _wait_placed(self, group: Any) -> None:
-        import ray
-        from ray.exceptions import GetTimeoutError
-
-        try:
-            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_SECONDS)
-        except GetTimeoutError:
-            nodes = [node for node in ray.nodes() if node["Alive"]]
-            free = ray.available_resources().get("CPU", 0)
-            raise RayClusterError(
-                f"Ray could not place the {len(self.plan)} cluster members "
-                f"(placement {self.placement!r}, 1 CPU each) within "
-                f"{PLACEMENT_TIMEOUT_SECONDS:.0f} s: the Ray cluster has {len(nodes)} live "
-                f"node(s) and {free:g} free CPU(s); add nodes, or choose placement 'pack'"
-            ) from None
+    def keep_spares(
+        self, running: dict[str, Running], rejoining: list[Running], module: str
+    ) -> None:
+        """Each member a loss starts again keeps a spare in its own actor: a rejoining worker
+        starts again there, and a restart reuses the gang."""
+        if not self.warm_spares:
+            return
+        for child in rejoining or running.values():
+            assert isinstance(child, _ActorRunning)
+            child.keep_spare(module)
 
     def _members(self, nodes: list[dict[str, Any]]) -> list[Member]:
         """The members with their TF_CONFIG from the nodes' addresses and ports."""

@@ -1,13 +1,16 @@
 """Warm spares: processes that imported TensorFlow ahead of time and wait to replace a lost member.
 
 Most of a recovery is a new process importing TensorFlow (docs/BENCHMARKS.md, "Recovery"). With a
-run's `warm_spares` on, the local launcher keeps spares once training runs: one for a
-parameter-server cluster (a lost worker rejoins in place, one at a time), one per member for the
-others (a loss restarts every member). A spare is `python -m stratoflow.distributed.spares
-MODULE`: it imports TensorFlow as a member does (`lean_tensorflow`), and what member program
-MODULE would import (its `import_ahead`, if it has one), then blocks on its stdin. The launcher
-hands it a member's command and environment on one line; it takes them on and runs the member's
-module as `python -m` would. An unused spare is killed with the cluster (and dies with its parent).
+run's `warm_spares` on, the launchers keep spares once training runs. The local one keeps one
+for a parameter-server cluster (a lost worker rejoins in place, one at a time) and one per member
+for the others (a loss restarts every member); the Ray one keeps a spare in the actor of each
+member a loss starts again (`ray_launcher.MemberHost.keep_spare`, a `Spares` of its own).
+
+A spare is `python -m stratoflow.distributed.spares MODULE`: it imports TensorFlow as a member
+does (`lean_tensorflow`), and what member program MODULE would import (its `import_ahead`, if it
+has one), then blocks on its stdin. The launcher hands it a member's command and environment on
+one line; it takes them on and runs the member's module as `python -m` would. An unused spare
+is killed with the cluster (and dies with its parent).
 
 The supervisor's side is `Spares`; the spare's is `main`.
 """
@@ -22,6 +25,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -67,7 +71,8 @@ class Spare:
         """Run `command` (`python -m MODULE ARGS...`) with `env` in this process; its output now
         goes to `sink`."""
         assert self.process.stdin is not None
-        self._sink = sink
+        # A spare still importing announces it is warm after the handover: not the member's.
+        self._sink = lambda line: None if line == WARM_MARKER else sink(line)
         self.process.stdin.write(json.dumps({"command": command, "env": dict(env)}) + "\n")
         self.process.stdin.close()
 
@@ -158,6 +163,11 @@ def main() -> None:
     tempfile.tempdir = None  # the member's TMPDIR, not the spare's
     module, *arguments = order["command"][2:]  # [python, "-m", MODULE, ARGS...]
     sys.argv = [module, *arguments]
+    # runpy warns that MODULE was imported before it runs as __main__: the spare did so on
+    # purpose (its imports ahead); the member runs in a fresh `__main__` all the same.
+    warnings.filterwarnings(
+        "ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning
+    )
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

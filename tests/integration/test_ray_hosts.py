@@ -3,13 +3,16 @@
 The hosts are Linux network namespaces with a Ray node each (`tests/support/ray_hosts.py`), one Ray
 cluster for the whole module. The Airflow process (`airflow dags test`, as `make run`) runs on
 the head host, which is a Ray node without CPUs: the members go to the worker hosts. Then a
-parameter-server worker killed mid-run (training goes on, the worker rejoins), a worker host
-killed mid-run (the cluster restarts from its checkpoint on the host left), and a host cut off
-(the task fails within a bound, naming the unreachable member). Nothing may be left running.
+parameter-server worker killed mid-run (training goes on, the worker rejoins from the spare its
+actor keeps), a multi-worker-mirrored worker killed (the cluster restarts in the same actors,
+from their spares), a worker host killed mid-run (the cluster restarts from its checkpoint on
+the host left), and a host cut off (the task fails within a bound, naming the unreachable
+member). Nothing may be left running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +47,7 @@ log = logging.getLogger(__name__)
 
 TRAINING_MODULE = "stratoflow.training.worker"
 SERVER_MODULE = "stratoflow.distributed.server"
+SPARE_MODULE = "stratoflow.distributed.spares"
 # A killed or cut-off member must be recovered from, or reported, within these bounds.
 RECOVERY_BOUND_SECONDS = 150
 FAILURE_BOUND_SECONDS = 90
@@ -208,7 +212,46 @@ def test_multi_worker_mirrored_trains_with_one_worker_per_host(
     assert members_running(hosts) == []
 
 
-def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, mlflow_client):
+def spare_beside(process: psutil.Process) -> psutil.Process | None:
+    """The warm spare its actor keeps (`warm_spares`), if it has started one."""
+    for sibling in process.parent().children():
+        if SPARE_MODULE in " ".join(sibling.cmdline()):
+            return sibling
+    return None
+
+
+def serving(process: psutil.Process) -> bool:
+    """Whether `process` listens on a TCP port (a member's TensorFlow server). Read from its own
+    /proc entry: psutil's connections are those of this process's network namespace."""
+    proc = Path(f"/proc/{process.pid}")
+    sockets = set()
+    try:
+        for fd in list((proc / "fd").iterdir()):
+            with contextlib.suppress(OSError):  # closed since it was listed
+                if (target := os.readlink(fd)).startswith("socket:["):
+                    sockets.add(target[len("socket:[") : -1])
+        tables = [(proc / "net" / name).read_text() for name in ("tcp", "tcp6")]
+    except OSError:  # the process is gone
+        return False
+    listening_state = "0A"
+    return any(
+        fields[3] == listening_state and fields[9] in sockets
+        for table in tables
+        for fields in (line.split() for line in table.splitlines()[1:])
+    )
+
+
+def wait_for(condition: Callable[[], Any], what: str, seconds: float = RECOVERY_BOUND_SECONDS):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+    return found
+
+
+def test_a_killed_parameter_server_worker_rejoins_from_its_spare(on_head, mlflow_client):
+    """With warm spares, worker 1's actor keeps a spare: it becomes worker 1 when the worker is
+    killed, while training goes on."""
     hosts: RayHosts = on_head
     conf = {
         "strategy": "parameter_server",
@@ -216,21 +259,19 @@ def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, 
         "ps": 1,
         "launcher": "ray",
         "placement": "spread",
-        # Four epochs after the kill: the new worker 1 imports TensorFlow before it rejoins,
-        # 15-26 s on a quiet machine, over 40 s with the suite's other worker busy.
+        "warm_spares": True,
         "epochs": 5,
     }
 
     def kill_worker_1() -> tuple[int, int, int]:
-        """Kill worker 1; once a new worker 1 runs, the coordinator must be the same process
-        (a cluster restart would have replaced it)."""
+        """Kill worker 1 once its spare runs; the spare must then serve, and the coordinator be
+        the same process (a cluster restart would have replaced it)."""
         victim, coordinator = member(hosts, "worker", 1), member(hosts, "chief", 0)
         assert victim is not None and coordinator is not None
+        spare = wait_for(lambda: spare_beside(victim), "worker 1's actor kept no spare")
+        assert not serving(spare)
         victim.kill()
-        deadline = time.monotonic() + RECOVERY_BOUND_SECONDS
-        while (successor := member(hosts, "worker", 1)) is None or successor.pid == victim.pid:
-            assert time.monotonic() < deadline, "worker 1 was not started again"
-            time.sleep(0.2)
+        wait_for(lambda: serving(spare), "the spare did not take worker 1's place")
         still = member(hosts, "chief", 0)
         return victim.pid, coordinator.pid, still.pid if still else 0
 
@@ -250,8 +291,42 @@ def test_a_killed_parameter_server_worker_rejoins_and_training_goes_on(on_head, 
     assert steps(mlflow_client, run) == [1, 2, 3, 4, 5]
     assert run.data.metrics["test_accuracy"] > 0.8
     assert not psutil.pid_exists(victim_pid)
-    assert members_running(hosts) == []
+    assert members_running(hosts) == []  # the spares left unused too
     log.info("parameter_server worker killed: rejoined after %.1f s", recovery.value)
+
+
+def test_a_killed_multi_worker_mirrored_worker_restarts_in_the_same_actors(on_head, mlflow_client):
+    """A killed worker (its node alive) restarts the cluster in the gang it had: no new
+    reservation, each member started again from the spare its actor keeps."""
+    hosts: RayHosts = on_head
+    conf = {
+        "strategy": "multi_worker_mirrored",
+        "workers": 2,
+        "launcher": "ray",
+        "placement": "spread",
+        "warm_spares": True,
+        "epochs": 3,
+    }
+
+    def kill_worker_1() -> list[int]:
+        workers = [member(hosts, "worker", index) for index in (0, 1)]
+        assert None not in workers
+        spares = [wait_for(lambda w=w: spare_beside(w), "an actor kept no spare") for w in workers]
+        workers[1].kill()
+        wait_for(lambda: all(serving(spare) for spare in spares), "the spares did not take over")
+        return [spare.pid for spare in spares]
+
+    run, spare_pids, _ = run_dag_meanwhile(
+        mlflow_client, conf, first_checkpoint_after(time.time()), kill_worker_1
+    )
+    assert run.data.metrics["restarts"] == 1
+    (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
+    assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
+    assert steps(mlflow_client, run) == [1, 2, 3]  # each epoch once: resumed from its checkpoint
+    assert run.data.metrics["test_accuracy"] > 0.8
+    assert not any(psutil.pid_exists(pid) for pid in spare_pids)
+    assert members_running(hosts) == []
+    log.info("multi_worker_mirrored worker killed: training again after %.1f s", recovery.value)
 
 
 def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, mlflow_client):

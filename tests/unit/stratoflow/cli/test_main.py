@@ -299,13 +299,14 @@ def test_a_standing_cluster_is_not_used_by_launcher_ray(
         runner.check_conf("mnist", {"ray_cluster": "default"})
 
 
-def test_warm_spares_are_refused_with_launcher_ray(
+def test_warm_spares_go_with_either_launcher(
     monkeypatch: pytest.MonkeyPatch, no_deployment_clusters: None
 ) -> None:
     monkeypatch.setenv(clusters.RAY_ADDRESS_ENV, "head:6379")
-    assert resolve_plan("mnist", {"warm_spares": True}).training.warm_spares
-    with pytest.raises(SpecError, match="warm_spares works with launcher 'local' only"):
-        runner.check_conf("mnist", {"launcher": "ray", "warm_spares": True})
+    for launcher in ("local", "ray"):
+        conf = {"launcher": launcher, "warm_spares": True}
+        runner.check_conf("mnist", conf)
+        assert resolve_plan("mnist", conf).training.warm_spares
 
 
 @pytest.mark.parametrize(
