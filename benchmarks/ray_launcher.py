@@ -33,9 +33,11 @@ logger = logging.getLogger("benchmarks.ray")
 EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted in the throughput
 MWMS = {"strategy": "multi_worker_mirrored", "workers": 2}
 PS = {"strategy": "parameter_server", "workers": 2, "ps": 1}
-# With `warm_spares`, a Ray run's actors keep a spare each: every member's for multi-worker
-# mirrored, every worker's for parameter server (`_RayCluster.keep_spares`).
-SPARES_KEPT = {"multi_worker_mirrored": 2, "parameter_server": 2}
+# A recovery run's epochs: enough that the spares are warm (every actor's, importing beside the
+# training) before the first checkpoint's epoch is over, and training goes on after the kill.
+RECOVERY_EPOCHS = 6
+# With `warm_spares`, every actor of a Ray run keeps a spare (`_RayCluster.keep_spares`).
+SPARES_KEPT = {"multi_worker_mirrored": 2, "parameter_server": 4}
 
 
 def run(conf: dict[str, Any], out: str) -> None:
@@ -47,6 +49,7 @@ def run(conf: dict[str, Any], out: str) -> None:
 
     # What the launcher says, for the bench to see when the spares are warm (`_said_path`).
     said = logging.FileHandler(_said_path(out))
+    said.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     distributed = logging.getLogger("stratoflow.distributed")
     distributed.addHandler(said)
     distributed.setLevel(logging.INFO)
@@ -134,8 +137,8 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
 def _recoveries(
     hosts: Any, on_head: Callable[..., dict[str, Any]], rounds: int = 1
 ) -> dict[str, Any]:
-    """Worker 1 killed (local; ray without and with warm spares) and its host killed (ray),
-    for both strategies, `rounds` times."""
+    """Worker 1 killed (local; ray without and with warm spares) and its host killed (ray,
+    without and with warm spares), for both strategies, `rounds` times."""
     figures: dict[str, Any] = {}
 
     def kill_worker_1() -> dict[str, Any]:
@@ -152,24 +155,22 @@ def _recoveries(
     for number in range(1, rounds + 1):
         prefix = f"{number}/" if rounds > 1 else ""
         for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
-            spread = {**conf, "placement": "spread"}
+            spread = {**conf, "placement": "spread", "epochs": RECOVERY_EPOCHS}
+            ray, spares = {"launcher": "ray"}, {"launcher": "ray", "warm_spares": True}
             cases = [
-                ("local/worker killed", {"launcher": "local"}, False),
-                ("ray/worker killed", {"launcher": "ray"}, False),
-                ("ray/worker killed, warm spares", {"launcher": "ray", "warm_spares": True}, True),
+                ("local/worker killed", {"launcher": "local"}, kill_worker_1),
+                ("ray/worker killed", ray, kill_worker_1),
+                ("ray/worker killed, warm spares", spares, kill_worker_1),
+                ("ray/host killed", ray, kill_host_of_worker_1),
+                ("ray/host killed, warm spares", spares, kill_host_of_worker_1),
             ]
-            for case, settings, spares in cases:
+            for case, settings, kill in cases:
                 logger.info("%s, %s", name, case)
-                figures[f"{prefix}{name}/{case}"] = on_head(
-                    {**spread, **settings}, kill_worker_1, SPARES_KEPT[name] if spares else 0
-                )
-            logger.info("%s, launcher ray, the host of worker 1 killed", name)
-            figures[f"{prefix}{name}/ray/host killed"] = on_head(
-                {**spread, "launcher": "ray"}, kill_host_of_worker_1
-            )
-            for host in hosts.worker_hosts:
-                if not hosts.pids(host):
-                    hosts.start_node(host)
+                warm = SPARES_KEPT[name] if settings.get("warm_spares") else 0
+                figures[f"{prefix}{name}/{case}"] = on_head({**spread, **settings}, kill, warm)
+                for host in hosts.worker_hosts:  # a killed host's node starts again
+                    if not hosts.pids(host):
+                        hosts.start_node(host)
     return figures
 
 

@@ -171,9 +171,9 @@ class TrainingConfig:
         False,
         title="Warm spares",
         help="Once training runs, keep spare processes that have imported TensorFlow and "
-        "replace a lost member at once (parameter_server: one on the host, or with launcher "
-        "'ray' one beside each worker; otherwise one per member; each costs a TensorFlow "
-        "import and about 600 MB of memory).",
+        "replace a lost member at once (launcher 'local': one for parameter_server, else one "
+        "per member; launcher 'ray': one beside every member; each costs a TensorFlow import "
+        "and about 600 MB of memory).",
     )
     loop: str = _setting(
         "custom",

@@ -372,11 +372,15 @@ class _ActorRunning(Running):
         node: dict[str, Any],
         payload: str,
         reports: ReportSink | None = None,
+        lost_nodes: set[str] | None = None,
     ):
         import ray
 
         super().__init__(member, reports)
         self.actor, self.node, self.payload = actor, node, payload
+        # The nodes the cluster's members were lost with (shared by them): nothing on one of
+        # them is asked to stop.
+        self.lost_nodes = lost_nodes if lost_nodes is not None else set()
         self.pid = ray.get(actor.start.remote(member.module, payload, member.env), timeout=60)
         self.returncode: int | None = None
         self.final: dict[str, Any] | None = None
@@ -411,6 +415,7 @@ class _ActorRunning(Running):
                     f"is unreachable: its node {describe_node(self.node)} has not answered for "
                     f"{now - self.heard_at:.0f} s"
                 )
+                self.lost_nodes.add(self.node["node_id"])
             return
         try:
             state = ray.get(self.pending, timeout=5)
@@ -420,6 +425,7 @@ class _ActorRunning(Running):
                 f"was lost with its node {describe_node(self.node)} "
                 f"({type(error).__name__}: {first_line})"
             )
+            self.lost_nodes.add(self.node["node_id"])
             return
         finally:
             self.pending = None
@@ -430,6 +436,12 @@ class _ActorRunning(Running):
         if state["spare_warm"] and not self.spare_warm:
             logger.info("warm spare ready beside %s (%s)", self.member.name, self.where())
         self.spare_warm = state["spare_warm"]
+
+    def on_lost_node(self) -> str | None:
+        """Why the member is gone: lost itself, or on a node another member was lost with."""
+        if self.lost is None and self.node["node_id"] in self.lost_nodes:
+            return f"was on node {describe_node(self.node)}, lost with another member"
+        return self.lost
 
     def keep_spare(self, module: str) -> None:
         """Have this member's actor keep a warm spare for `module` (once per start)."""
@@ -468,7 +480,7 @@ class _ActorRunning(Running):
         """Kill the member's process; its actor stays (the gang's to end)."""
         import ray
 
-        if self.lost is None and self.returncode is None:
+        if self.on_lost_node() is None and self.returncode is None:
             try:
                 ray.get(self.actor.stop_member.remote(), timeout=10)
             except Exception:  # the actor or its node is gone: nothing left to stop there
@@ -508,46 +520,111 @@ def thread_shares(
     ]
 
 
+def lost_with_their_nodes(running: Sequence[Running]) -> list[int]:
+    """The indices of the members lost, and of those on a node a member was lost with (gone
+    with it, though Ray may not have said so yet)."""
+    return [
+        index
+        for index, child in enumerate(running)
+        if isinstance(child, _ActorRunning) and child.on_lost_node() is not None
+    ]
+
+
 def describe_node(node: dict[str, Any]) -> str:
     return f"{node['ip']} ({node['hostname']})"
 
 
 class _Gang:
-    """A run's placement group, one bundle per member, and a `MemberHost` actor in each.
+    """A run's actors, one `MemberHost` per member, each in a bundle of a placement group.
 
     Kept from one start of the cluster to the next while every actor answers: a member that was
     killed starts again in the same actor (from its warm spare, if it keeps one), without a new
-    reservation; a lost actor or node ends the gang, and the next start reserves a new one.
+    reservation. When actors are lost with their node, the others stay (with their spares) and
+    new actors take the lost ones' places, in a placement group of their own (`repair`): Ray
+    marks a dead node dead only after some 15 s of missed heartbeats, and until then the first
+    group's bundles there are neither usable nor moved.
     """
 
     def __init__(self, size: int, placement: str):
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         self.size, self.placement = size, placement
-        self.group = placement_group([{"CPU": 1}] * size, strategy=PLACEMENT_STRATEGIES[placement])
+        self.groups: list[Any] = []
         self.actors: list[Any] = []
-        # Set once an actor was lost (its index in `lost`, where known): the next start places a
-        # new gang, and nothing waits on a lost actor to stop.
+        # Set once an actor was lost (its index in `lost`, where known): the gang is not used
+        # again as it is, and nothing waits on a lost actor to stop.
         self.broken = False
         self.lost: set[int] = set()
         try:
-            self._wait_placed()
+            group = self._reserve(size, PLACEMENT_TIMEOUT_SECONDS)
         except BaseException:
-            self.close()
+            self.close()  # the reservation Ray is still trying to place
             raise
+        self.actors = [self._new_actor(group, index) for index in range(size)]
+
+    def _reserve(self, bundles: int, timeout: float) -> Any:
+        """A placement group of `bundles` 1-CPU bundles, placed.
+
+        Raises:
+            RayClusterError: Ray could not place it within `timeout`.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError
+        from ray.util.placement_group import placement_group
+
+        strategy = PLACEMENT_STRATEGIES[self.placement]
+        group = placement_group([{"CPU": 1}] * bundles, strategy=strategy)
+        self.groups.append(group)
+        try:
+            ray.get(group.ready(), timeout=timeout)
+        except GetTimeoutError:
+            nodes = [node for node in ray.nodes() if node["Alive"]]
+            free = ray.available_resources().get("CPU", 0)
+            raise RayClusterError(
+                f"Ray could not place the {bundles} cluster members "
+                f"(placement {self.placement!r}, 1 CPU each) within {timeout:.0f} s: the Ray "
+                f"cluster has {len(nodes)} live node(s) and {free:g} free CPU(s); add nodes, or "
+                "choose placement 'pack'"
+            ) from None
+        return group
+
+    def _new_actor(self, group: Any, index: int) -> Any:
+        """A `MemberHost` in bundle `index` of `group`, at this driver's nice level
+        (`member_niceness`)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         host = ray.remote(num_cpus=1, max_restarts=0)(MemberHost)
-        niceness = {"env_vars": {RAY_NICENESS_ENV: str(member_niceness())}}
-        self.actors = [
-            host.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.group, placement_group_bundle_index=index
-                ),
-                runtime_env=niceness,
-            ).remote()
-            for index in range(size)
-        ]
+        return host.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=index
+            ),
+            runtime_env={"env_vars": {RAY_NICENESS_ENV: str(member_niceness())}},
+        ).remote()
+
+    def repairable(self) -> bool:
+        """Some actors were lost, it is known which, and the placement lets new ones go
+        anywhere (`strict_spread` keeps members off each other's nodes: a new gang)."""
+        return 0 < len(self.lost) < self.size and self.placement != "strict_spread"
+
+    def repair(self) -> None:
+        """New actors for the lost ones, in a new placement group beside the gang's.
+
+        Raises:
+            RayClusterError: the live nodes have no room for them within `REPAIR_SECONDS`.
+        """
+        import ray
+
+        lost = sorted(self.lost)
+        group = self._reserve(len(lost), REPAIR_SECONDS)
+        for bundle, index in enumerate(lost):
+            ray.kill(self.actors[index], no_restart=True)
+            self.actors[index] = self._new_actor(group, bundle)
+        logger.info(
+            "the cluster keeps %d of its %d actors; new actors take the lost ones' places",
+            self.size - len(lost),
+            self.size,
+        )
+        self.lost.clear()
+        self.broken = False
 
     def nodes(self, timeout: float = ACTOR_START_TIMEOUT_SECONDS) -> list[dict[str, Any]]:
         """Each actor's node, with a port free there now (`MemberHost.node`).
@@ -568,29 +645,14 @@ class _Gang:
                 "a member's node",
             ) from None
 
-    def lose(self, indices: Any) -> None:
-        """Note the actors at `indices` as lost: the gang is not used again."""
-        self.broken = True
-        self.lost.update(indices)
-
-    def _wait_placed(self) -> None:
-        import ray
-        from ray.exceptions import GetTimeoutError
-
-        try:
-            ray.get(self.group.ready(), timeout=PLACEMENT_TIMEOUT_SECONDS)
-        except GetTimeoutError:
-            nodes = [node for node in ray.nodes() if node["Alive"]]
-            free = ray.available_resources().get("CPU", 0)
-            raise RayClusterError(
-                f"Ray could not place the {self.size} cluster members "
-                f"(placement {self.placement!r}, 1 CPU each) within "
-                f"{PLACEMENT_TIMEOUT_SECONDS:.0f} s: the Ray cluster has {len(nodes)} live "
-                f"node(s) and {free:g} free CPU(s); add nodes, or choose placement 'pack'"
-            ) from None
+    def lose(self, indices: Sequence[int]) -> None:
+        """Note the actors at `indices` as lost: the gang is not used again as it is."""
+        if indices:
+            self.broken = True
+            self.lost.update(indices)
 
     def close(self) -> None:
-        """Stop every member and spare, end the actors, free the reservation."""
+        """Stop every member and spare, end the actors, free the reservations."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -603,13 +665,17 @@ class _Gang:
             ray.wait(stopping, num_returns=len(stopping), timeout=STOP_SECONDS)
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        remove_placement_group(self.group)
+        for group in self.groups:
+            remove_placement_group(group)
 
 
 # How long the gang's actors may take to stop their members and spares before they are killed.
 STOP_SECONDS = 10.0
 # How long a kept gang's actors may take to answer before it is given up for a new one.
 KEPT_GANG_ANSWER_SECONDS = 10.0
+# How long the live nodes may take to make room for new actors in a gang's lost places before a
+# whole new gang is placed instead.
+REPAIR_SECONDS = 30.0
 
 
 class _Gangs:
@@ -620,12 +686,19 @@ class _Gangs:
         self.current: _Gang | None = None
 
     def ready(self) -> tuple[_Gang, list[dict[str, Any]]]:
-        """A whole gang and its actors' nodes (fresh ports on each call)."""
-        if self.current is not None and not self.current.broken:
+        """A whole gang and its actors' nodes (fresh ports on each call): the last one, with
+        new actors for those it lost, while that works; else a new one."""
+        if self.current is not None and self.current.repairable():
+            try:
+                self.current.repair()
+                return self.current, self.current.nodes(REPAIR_SECONDS)
+            except (RayClusterError, MemberLost) as error:
+                logger.info("the lost actors' places could not be filled (%s): a new gang", error)
+        elif self.current is not None and not self.current.broken:
             try:
                 return self.current, self.current.nodes(KEPT_GANG_ANSWER_SECONDS)
             except MemberLost:
-                logger.info("an actor of the cluster no longer answers: placing a new one")
+                logger.info("an actor of the cluster no longer answers: placing a new gang")
         self.close()
         self.current = _Gang(self.size, self.placement)
         return self.current, self.current.nodes()
@@ -664,12 +737,15 @@ class _RayCluster(Cluster):
         self.launched = time.time()
         gang, nodes = self.gangs.ready()
         running: dict[str, Running] = {}
+        lost_nodes: set[str] = set()
         try:
             members = self._members(nodes)
             text = self.payload
             for member, actor, node in zip(members, gang.actors, nodes, strict=True):
                 try:
-                    running[member.name] = _ActorRunning(member, actor, node, text, self.reports)
+                    running[member.name] = _ActorRunning(
+                        member, actor, node, text, self.reports, lost_nodes
+                    )
                 except (GetTimeoutError, RayActorError) as error:
                     gang.lose([len(running)])
                     raise MemberLost(
@@ -686,20 +762,18 @@ class _RayCluster(Cluster):
         finally:
             for child in running.values():
                 child.kill()
-            lost = [i for i, child in enumerate(running.values()) if child.lost_reason()]
-            if lost:
-                gang.lose(lost)
+            gang.lose(lost_with_their_nodes(list(running.values())))
 
     def keep_spares(
         self, running: dict[str, Running], rejoining: list[Running], module: str
     ) -> None:
-        """Each member a loss starts again keeps a spare in its own actor: a rejoining worker
-        starts again there, and a restart reuses the gang."""
+        """Every member keeps a spare of its own program in its actor: a rejoining worker
+        starts again there, and a restart reuses the gang, or what a lost node left of it."""
         if not self.warm_spares:
             return
-        for child in rejoining or running.values():
+        for child in running.values():
             assert isinstance(child, _ActorRunning)
-            child.keep_spare(module)
+            child.keep_spare(child.member.module)
 
     def _members(self, nodes: list[dict[str, Any]]) -> list[Member]:
         """The members with their TF_CONFIG from the nodes' addresses and ports."""

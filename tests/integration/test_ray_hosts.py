@@ -6,8 +6,8 @@ the head host, which is a Ray node without CPUs: the members go to the worker ho
 parameter-server worker killed mid-run (training goes on, the worker rejoins from the spare its
 actor keeps), a multi-worker-mirrored worker killed (the cluster restarts in the same actors,
 from their spares), a worker host killed mid-run (the cluster restarts from its checkpoint on
-the host left), and a host cut off (the task fails within a bound, naming the unreachable
-member). Nothing may be left running.
+the host left, the other host's actor and spare kept), and a host cut off (the task fails
+within a bound, naming the unreachable member). Nothing may be left running.
 """
 
 from __future__ import annotations
@@ -330,24 +330,30 @@ def test_a_killed_multi_worker_mirrored_worker_restarts_in_the_same_actors(on_he
 
 
 def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, mlflow_client):
+    """The other host's actor stays, its spare taking worker 0 over; a new actor takes worker 1's
+    place on the host left."""
     hosts: RayHosts = on_head
     conf = {
         "strategy": "multi_worker_mirrored",
         "workers": 2,
         "launcher": "ray",
         "placement": "spread",
+        "warm_spares": True,
         "epochs": 3,
     }
 
-    def kill_host_of_worker_1() -> str:
-        victim = member(hosts, "worker", 1)
-        assert victim is not None
+    def kill_host_of_worker_1() -> tuple[str, int]:
+        survivor, victim = member(hosts, "worker", 0), member(hosts, "worker", 1)
+        assert survivor is not None and victim is not None
         host = host_of(hosts, victim.pid)
+        assert host_of(hosts, survivor.pid) != host  # spread
+        spare = wait_for(lambda: spare_beside(survivor), "worker 0's actor kept no spare")
         hosts.kill_host(host)
-        return host
+        wait_for(lambda: serving(spare), "worker 0's spare did not take over")
+        return host, spare.pid
 
     try:
-        run, killed_host, _ = run_dag_meanwhile(
+        run, (killed_host, spare_pid), _ = run_dag_meanwhile(
             mlflow_client, conf, first_checkpoint_after(time.time()), kill_host_of_worker_1
         )
     finally:
@@ -363,6 +369,7 @@ def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, 
     (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
     assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
     assert steps(mlflow_client, run) == [1, 2, 3]
+    assert not psutil.pid_exists(spare_pid)
     assert members_running(hosts) == []
     log.info("worker host killed: training again after %.1f s", recovery.value)
 

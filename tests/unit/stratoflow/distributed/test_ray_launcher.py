@@ -98,8 +98,9 @@ def node(machine: str, ip: str, cpus: int, sets_threads: bool = False) -> dict[s
 
 def ray_members(config: TrainingConfig, nodes: list[dict[str, Any]]) -> list[Member]:
     plan = planned_members(config)
+    gangs = ray_launcher._Gangs(len(plan.members), "pack")
     cluster = ray_launcher._RayCluster(
-        plan.members, plan.result_from, "{}", "pack", Restarts(0), None
+        plan.members, plan.result_from, "{}", gangs, Restarts(0), None
     )
     return cluster._members(nodes)
 
@@ -150,3 +151,29 @@ def test_members_start_at_the_nice_level_of_the_driver():
         check=True,
     )
     assert int(done.stdout) == os.getpriority(os.PRIO_PROCESS, 0) + 5
+
+
+def test_members_on_the_node_of_a_lost_member_are_lost_with_it():
+    """Ray reports one lost actor at a time: its node's other members go with it (the gang's
+    repair replaces them all at once), and nothing there is asked to stop."""
+    lost_nodes: set[str] = set()
+
+    def running(name: str, node_id: str, lost: str | None = None) -> ray_launcher._ActorRunning:
+        # The supervision's view of a started member, without starting one on Ray.
+        member = object.__new__(ray_launcher._ActorRunning)
+        member.member = Member(name, "m")
+        member.node = node(node_id, node_id, 4)
+        member.lost, member.lost_nodes = lost, lost_nodes
+        if lost:
+            lost_nodes.add(node_id)
+        return member
+
+    members = [
+        running("worker 0", "10.0.0.2"),
+        running("worker 1", "10.0.0.3", lost="was lost with its node 10.0.0.3"),
+        running("ps 0", "10.0.0.3"),
+        running("coordinator", "10.0.0.2"),
+    ]
+    assert ray_launcher.lost_with_their_nodes(members) == [1, 2]
+    assert "lost with another member" in (members[2].on_lost_node() or "")
+    assert members[0].on_lost_node() is None
