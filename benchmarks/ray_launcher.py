@@ -115,7 +115,7 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
                 logger.info("%s, launcher %s", name, launcher)
                 figures[f"{name}/{launcher}"] = on_head({**conf, "launcher": launcher})
 
-        figures.update(_recoveries(hosts, on_head))
+        _recoveries(hosts, on_head, figures)
 
         def kill_ray_head() -> dict[str, Any]:
             # The head's Ray processes only: the driver (the training task) lives on.
@@ -135,11 +135,10 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
 
 
 def _recoveries(
-    hosts: Any, on_head: Callable[..., dict[str, Any]], rounds: int = 1
-) -> dict[str, Any]:
+    hosts: Any, on_head: Callable[..., dict[str, Any]], figures: dict[str, Any], rounds: int = 1
+) -> None:
     """Worker 1 killed (local; ray without and with warm spares) and its host killed (ray,
-    without and with warm spares), for both strategies, `rounds` times."""
-    figures: dict[str, Any] = {}
+    without and with warm spares), for both strategies, `rounds` times; into `figures`."""
 
     def kill_worker_1() -> dict[str, Any]:
         victim = _member(hosts, "worker", 1)
@@ -156,8 +155,9 @@ def _recoveries(
         prefix = f"{number}/" if rounds > 1 else ""
         for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
             spread = {**conf, "placement": "spread", "epochs": RECOVERY_EPOCHS}
-            ray, spares = {"launcher": "ray"}, {"launcher": "ray", "warm_spares": True}
-            cases = [
+            ray: dict[str, Any] = {"launcher": "ray"}
+            spares: dict[str, Any] = {"launcher": "ray", "warm_spares": True}
+            cases: list[tuple[str, dict[str, Any], Callable[[], dict[str, Any]]]] = [
                 ("local/worker killed", {"launcher": "local"}, kill_worker_1),
                 ("ray/worker killed", ray, kill_worker_1),
                 ("ray/worker killed, warm spares", spares, kill_worker_1),
@@ -171,7 +171,6 @@ def _recoveries(
                 for host in hosts.worker_hosts:  # a killed host's node starts again
                     if not hosts.pids(host):
                         hosts.start_node(host)
-    return figures
 
 
 def recovery(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
@@ -186,8 +185,7 @@ def recovery(rounds: int = 1, partial: Path | None = None) -> dict[str, Any]:
         ) -> dict[str, Any]:
             return _on_head(hosts, conf, during, spares=spares)
 
-        for key, value in _recoveries(hosts, on_head, rounds).items():
-            figures[key] = value
+        _recoveries(hosts, on_head, figures, rounds)
     return dict(figures)
 
 

@@ -573,6 +573,7 @@ def _fixed_cost_line(fixed: dict[str, Any]) -> str:
 
 def _ray_lines(ray: dict[str, Any]) -> list[str]:
     """The Ray section's lines (`benchmarks.ray_launcher.measure`'s figures)."""
+    from benchmarks.ray_launcher import RECOVERY_EPOCHS
 
     def recovery(key: str) -> str:
         run = ray[key]
@@ -589,7 +590,8 @@ def _ray_lines(ray: dict[str, Any]) -> list[str]:
         f"(`tests/support/ray_hosts.py`): up in {ray['ray_start_seconds']:.0f} s, "
         f"{ray['ray_processes']} processes, {ray['ray_memory_mb']:.0f} MB RSS idle (Ray's own "
         f"processes, summed). Each run: the training task's body on the head host, "
-        f"{CLUSTER_EPOCHS} epochs of mnist, throughput the median of the epochs after the first.",
+        f"{CLUSTER_EPOCHS} epochs of mnist ({RECOVERY_EPOCHS} for a recovery), throughput the "
+        "median of the epochs after the first.",
         "",
     ]
     for name in ("multi_worker_mirrored", "parameter_server"):
@@ -603,8 +605,10 @@ def _ray_lines(ray: dict[str, Any]) -> list[str]:
         lines.append(
             f"- {name}, worker 1 killed after the first checkpoint: local "
             f"{recovery(f'{name}/local/worker killed')}; ray "
-            f"{recovery(f'{name}/ray/worker killed')}; its whole host killed (ray): "
-            f"{recovery(f'{name}/ray/host killed')}"
+            f"{recovery(f'{name}/ray/worker killed')}, with warm spares "
+            f"{recovery(f'{name}/ray/worker killed, warm spares')}; its whole host killed "
+            f"(ray): {recovery(f'{name}/ray/host killed')}, with warm spares "
+            f"{recovery(f'{name}/ray/host killed, warm spares')}"
         )
     head = ray["multi_worker_mirrored/ray/head killed"]
     outcome = (
