@@ -295,18 +295,32 @@ def test_a_killed_parameter_server_worker_rejoins_from_its_spare(on_head, mlflow
     log.info("parameter_server worker killed: rejoined after %.1f s", recovery.value)
 
 
+# Two workers on two hosts, each actor keeping a spare.
+MWM_WITH_SPARES = {
+    "strategy": "multi_worker_mirrored",
+    "workers": 2,
+    "launcher": "ray",
+    "placement": "spread",
+    "warm_spares": True,
+    "epochs": 3,
+}
+
+
+def recovered_once(mlflow_client: Any, run: Any) -> Any:
+    """Asserts a run of `MWM_WITH_SPARES` recovered once, resumed from its checkpoint: each
+    epoch logged once, the accuracy in its band. Its recovery_seconds metric."""
+    assert run.data.metrics["restarts"] == 1
+    (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
+    assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
+    assert steps(mlflow_client, run) == [1, 2, 3]
+    assert run.data.metrics["test_accuracy"] > 0.8
+    return recovery
+
+
 def test_a_killed_multi_worker_mirrored_worker_restarts_in_the_same_actors(on_head, mlflow_client):
     """A killed worker (its node alive) restarts the cluster in the gang it had: no new
     reservation, each member started again from the spare its actor keeps."""
     hosts: RayHosts = on_head
-    conf = {
-        "strategy": "multi_worker_mirrored",
-        "workers": 2,
-        "launcher": "ray",
-        "placement": "spread",
-        "warm_spares": True,
-        "epochs": 3,
-    }
 
     def kill_worker_1() -> list[int]:
         workers = [member(hosts, "worker", index) for index in (0, 1)]
@@ -317,13 +331,9 @@ def test_a_killed_multi_worker_mirrored_worker_restarts_in_the_same_actors(on_he
         return [spare.pid for spare in spares]
 
     run, spare_pids, _ = run_dag_meanwhile(
-        mlflow_client, conf, first_checkpoint_after(time.time()), kill_worker_1
+        mlflow_client, MWM_WITH_SPARES, first_checkpoint_after(time.time()), kill_worker_1
     )
-    assert run.data.metrics["restarts"] == 1
-    (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
-    assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
-    assert steps(mlflow_client, run) == [1, 2, 3]  # each epoch once: resumed from its checkpoint
-    assert run.data.metrics["test_accuracy"] > 0.8
+    recovery = recovered_once(mlflow_client, run)
     assert not any(psutil.pid_exists(pid) for pid in spare_pids)
     assert members_running(hosts) == []
     log.info("multi_worker_mirrored worker killed: training again after %.1f s", recovery.value)
@@ -333,14 +343,6 @@ def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, 
     """The other host's actor stays, its spare taking worker 0 over; a new actor takes worker 1's
     place on the host left."""
     hosts: RayHosts = on_head
-    conf = {
-        "strategy": "multi_worker_mirrored",
-        "workers": 2,
-        "launcher": "ray",
-        "placement": "spread",
-        "warm_spares": True,
-        "epochs": 3,
-    }
 
     def kill_host_of_worker_1() -> tuple[str, int]:
         survivor, victim = member(hosts, "worker", 0), member(hosts, "worker", 1)
@@ -354,7 +356,10 @@ def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, 
 
     try:
         run, (killed_host, spare_pid), _ = run_dag_meanwhile(
-            mlflow_client, conf, first_checkpoint_after(time.time()), kill_host_of_worker_1
+            mlflow_client,
+            MWM_WITH_SPARES,
+            first_checkpoint_after(time.time()),
+            kill_host_of_worker_1,
         )
     finally:
         for host in hosts.worker_hosts:  # the next test needs both hosts again
@@ -365,10 +370,7 @@ def test_a_killed_worker_host_restarts_the_cluster_from_its_checkpoint(on_head, 
     # After the restart both workers ran on the host that was left.
     assert not tags["node.worker_0"].startswith(killed_address)
     assert tags["node.worker_0"] == tags["node.worker_1"]
-    assert run.data.metrics["restarts"] == 1
-    (recovery,) = mlflow_client.get_metric_history(run.info.run_id, "recovery_seconds")
-    assert 0 < recovery.value < RECOVERY_BOUND_SECONDS
-    assert steps(mlflow_client, run) == [1, 2, 3]
+    recovery = recovered_once(mlflow_client, run)
     assert not psutil.pid_exists(spare_pid)
     assert members_running(hosts) == []
     log.info("worker host killed: training again after %.1f s", recovery.value)
