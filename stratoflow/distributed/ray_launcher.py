@@ -10,9 +10,9 @@ TF_CONFIG built from every member's node address and port. The driver (this proc
 the actors with the local launcher's rules (`stratoflow.distributed.launcher.Cluster`): their
 output goes to this process's log, the first member lost or failed takes the others down, and a
 lost member (killed, or its node dead or unreachable) restarts the cluster from its last
-checkpoint within the run's `max_restarts`. The gang (`_Gang`) outlives a restart while every
-actor answers: the members start again in the actors they had (from the warm spare each keeps,
-with `warm_spares`); a lost actor or node places a new gang.
+checkpoint within the run's `max_restarts`. The gang of actors (`_Gang`) outlives a restart:
+the members start again in the actors they had (from the warm spare each keeps, with
+`warm_spares`), and the actors of a lost node are replaced while the others stay.
 
 Actors of a standing cluster do not inherit this process's environment: what the members need
 (the data and state folders, the team's own variables) is passed to them explicitly
@@ -278,8 +278,8 @@ def run_cluster(
         timeout_seconds: fail if one start of the cluster takes longer.
         token: the Ray token to present (`connect`); None: this node's own.
         reports: takes the members' reports (`protocol.report`) as the supervision polls them.
-        warm_spares: once training runs, each member a loss starts again keeps a spare with
-            TensorFlow imported in its actor (`MemberHost.keep_spare`).
+        warm_spares: once training runs, every member's actor keeps a spare of its program
+            with TensorFlow imported (`MemberHost.keep_spare`).
 
     Returns:
         The result member's result, with `nodes`: member name -> "ip (hostname)".
@@ -679,7 +679,8 @@ REPAIR_SECONDS = 30.0
 
 
 class _Gangs:
-    """The gang each start of a run's cluster uses: the last one while it is whole."""
+    """The gang each start of a run's cluster uses: the last one (new actors in a lost node's
+    places) while that works, else a new one."""
 
     def __init__(self, size: int, placement: str):
         self.size, self.placement = size, placement
