@@ -3,8 +3,8 @@
 Most of a recovery is a new process importing TensorFlow (docs/BENCHMARKS.md, "Recovery"). With a
 run's `warm_spares` on, the launchers keep spares once training runs. The local one keeps one
 for a parameter-server cluster (a lost worker rejoins in place, one at a time) and one per member
-for the others (a loss restarts every member); the Ray one keeps a spare in the actor of each
-member a loss starts again (`ray_launcher.MemberHost.keep_spare`, a `Spares` of its own).
+for the others (a loss restarts every member); the Ray one keeps a spare in every member's
+actor, of that member's program (`ray_launcher.MemberHost.keep_spare`, a `Spares` of its own).
 
 A spare is `python -m stratoflow.distributed.spares MODULE`: it imports TensorFlow as a member
 does (`lean_tensorflow`), and what member program MODULE would import (its `import_ahead`, if it
