@@ -456,19 +456,16 @@ class Cluster:
             return
         if any(child.restarted_at is not None for child in running.values()):
             return  # a recovery is under way: it gets the cores first
-        rejoining = [child for child in running.values() if child.member.rejoins]
-        # The program of the members a loss starts again: a rejoining worker's, else the result
-        # member's (a training process).
-        module = (rejoining[0] if rejoining else result_member).member.module
-        self.keep_spares(running, rejoining, module)
+        self.keep_spares(running)
 
-    def keep_spares(
-        self, running: dict[str, Running], rejoining: list[Running], module: str
-    ) -> None:
-        """Keep spares for member program `module` (the local launcher's pool, if the run
-        asked for one); `rejoining`: the members a loss starts again alone."""
-        if self.spares is not None:
-            self.spares.fill(wanted_for(len(rejoining), len(running)), module)
+    def keep_spares(self, running: dict[str, Running]) -> None:
+        """Keep the spares the run asked for: the local launcher's pool, for the program of the
+        members a loss starts again (a rejoining worker's, else the result member's)."""
+        if self.spares is None:
+            return
+        rejoining = [child.member for child in running.values() if child.member.rejoins]
+        module = (rejoining[0] if rejoining else running[self.result_from].member).module
+        self.spares.fill(wanted_for(len(rejoining), len(running)), module)
 
     def _rejoin(self, child: Running, returncode: int | None, result_member: Running) -> bool:
         """Start a lost parameter-server worker again in place, if it may; True if it was."""

@@ -443,10 +443,10 @@ class _ActorRunning(Running):
             return f"was on node {describe_node(self.node)}, lost with another member"
         return self.lost
 
-    def keep_spare(self, module: str) -> None:
-        """Have this member's actor keep a warm spare for `module` (once per start)."""
+    def keep_spare(self) -> None:
+        """Have this member's actor keep a warm spare of its program (once per start)."""
         if not self.spare_asked and self.lost is None:
-            self.actor.keep_spare.remote(module)
+            self.actor.keep_spare.remote(self.member.module)
             self.spare_asked = True
 
     def poll(self) -> int | None:
@@ -549,9 +549,8 @@ class _Gang:
         self.size, self.placement = size, placement
         self.groups: list[Any] = []
         self.actors: list[Any] = []
-        # Set once an actor was lost (its index in `lost`, where known): the gang is not used
-        # again as it is, and nothing waits on a lost actor to stop.
-        self.broken = False
+        # The indices of the actors lost (all, where it is not known which): the gang is not
+        # used again as it is, and nothing waits on a lost actor to stop.
         self.lost: set[int] = set()
         try:
             group = self._reserve(size, PLACEMENT_TIMEOUT_SECONDS)
@@ -624,14 +623,13 @@ class _Gang:
             self.size,
         )
         self.lost.clear()
-        self.broken = False
 
     def nodes(self, timeout: float = ACTOR_START_TIMEOUT_SECONDS) -> list[dict[str, Any]]:
         """Each actor's node, with a port free there now (`MemberHost.node`).
 
         Raises:
             MemberLost: an actor did not answer within `timeout` (its node died after the
-                reservation, and Ray has not noticed yet); the gang is broken.
+                reservation, and Ray has not noticed yet); every actor counts as lost.
         """
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
@@ -647,9 +645,7 @@ class _Gang:
 
     def lose(self, indices: Sequence[int]) -> None:
         """Note the actors at `indices` as lost: the gang is not used again as it is."""
-        if indices:
-            self.broken = True
-            self.lost.update(indices)
+        self.lost.update(indices)
 
     def close(self) -> None:
         """Stop every member and spare, end the actors, free the reservations."""
@@ -695,7 +691,7 @@ class _Gangs:
                 return self.current, self.current.nodes(REPAIR_SECONDS)
             except (RayClusterError, MemberLost) as error:
                 logger.info("the lost actors' places could not be filled (%s): a new gang", error)
-        elif self.current is not None and not self.current.broken:
+        elif self.current is not None and not self.current.lost:
             try:
                 return self.current, self.current.nodes(KEPT_GANG_ANSWER_SECONDS)
             except MemberLost:
@@ -765,16 +761,14 @@ class _RayCluster(Cluster):
                 child.kill()
             gang.lose(lost_with_their_nodes(list(running.values())))
 
-    def keep_spares(
-        self, running: dict[str, Running], rejoining: list[Running], module: str
-    ) -> None:
+    def keep_spares(self, running: dict[str, Running]) -> None:
         """Every member keeps a spare of its own program in its actor: a rejoining worker
         starts again there, and a restart reuses the gang, or what a lost node left of it."""
         if not self.warm_spares:
             return
         for child in running.values():
             assert isinstance(child, _ActorRunning)
-            child.keep_spare(child.member.module)
+            child.keep_spare()
 
     def _members(self, nodes: list[dict[str, Any]]) -> list[Member]:
         """The members with their TF_CONFIG from the nodes' addresses and ports."""
