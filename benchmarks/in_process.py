@@ -78,7 +78,8 @@ def _single(spec: Any, dataset: Any) -> dict[str, Any]:
             "matmul": _matmul,
             # Keras' own default on a CPU-only host is no XLA; this measures whether it helps.
             "keras_fit_xla": _keras_fit_epoch(spec, dataset, jit_compile=True),
-        }
+        },
+        _validation_pass(spec, dataset),
     )
     wall, cpu = timings["wall"], timings["cpu"]
     flops_per_example = training_flops_per_example(spec, dataset)
@@ -118,7 +119,8 @@ def _mirrored(spec: Any, dataset: Any) -> dict[str, Any]:
         {
             name: _custom_epoch(spec, dataset, strategy, _real_batches(spec, dataset))
             for name, strategy in strategies.items()
-        }
+        },
+        _validation_pass(spec, dataset),
     )
     wall, cpu = timings["wall"], timings["cpu"]
     return {
@@ -216,8 +218,14 @@ def _streaming(budget_mib: int) -> dict[str, Any]:
     }
 
 
-def _round_robin(variants: dict[str, Callable[[int], Any]]) -> dict[str, dict[str, list[float]]]:
-    """Wall and CPU seconds of each variant's epochs, run in turns; the first round not kept."""
+def _round_robin(
+    variants: dict[str, Callable[[int], Any]], between_epochs: Callable[[], Any] = lambda: None
+) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU seconds of each variant's epochs, run in turns; the first round not kept.
+
+    `between_epochs` runs after every epoch, off the clock, as the trainer validates between
+    epochs (its epoch seconds do not count that either).
+    """
     wall: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     for epoch in range(ROUNDS + 1):
@@ -227,7 +235,24 @@ def _round_robin(variants: dict[str, Callable[[int], Any]]) -> dict[str, dict[st
             if epoch:  # the first call traces
                 wall[name].append(time.perf_counter() - wall_start)
                 cpu[name].append(time.process_time() - cpu_start)
+            between_epochs()
     return {"wall": wall, "cpu": cpu}
+
+
+def _validation_pass(spec: Any, dataset: Any) -> Callable[[], Any]:
+    """What the trainer does between two epochs: a forward pass over the validation split.
+
+    A cached split's next epoch fills its shuffle buffer meanwhile (`TrainingInput.epochs`), as
+    in a training run; without this pass it would fill during the next variant's epoch instead.
+    """
+    from stratoflow.data.input_pipeline import validation_batches
+    from stratoflow.training.objectives import Objective
+    from stratoflow.training.trainer import EVAL_BATCH_SIZE, make_evaluator
+
+    model, _ = _new_model(spec, dataset)
+    batches, _ = validation_batches(dataset, EVAL_BATCH_SIZE, 2**30)
+    evaluate = make_evaluator(model, Objective(dataset.target.task))
+    return lambda: evaluate(batches)
 
 
 def _paired_ratio(baseline_seconds: list[float], seconds: list[float]) -> float:

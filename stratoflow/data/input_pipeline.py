@@ -6,10 +6,12 @@
   example, as `load_split` yields it (what `.cache()` would hold), from the prepared dataset.
 - **Cached** when the estimate fits the budget (`TrainingConfig.cache_budget_mb`): the split is
   read once, kept in memory, and each epoch is a full permutation of it (seed `seed + epoch`).
+  The custom loop reads its epochs back to back from one dataset (`TrainingInput.epochs`), so
+  the next epoch's permutation is drawn while this one's last steps train.
 - **Streamed** otherwise: each epoch reads the split's files again, in an order drawn from
-  `seed + epoch`, `INTERLEAVE_FILES` files at a time, one example from each in turn, through a
-  shuffle buffer holding at most `1 / SHUFFLE_BUFFER_SHARE` of the budget. Same seed, same
-  batches; but an example can only move as far as the buffer lets it, so an epoch is not a full
+  `seed + epoch`, `INTERLEAVE_FILES` files at a time (`FILE_READERS` threads), one example from
+  each in turn, through a shuffle buffer holding at most `1 / SHUFFLE_BUFFER_SHARE` of the
+  budget. Same seed, same batches; but an example can only move as far as the buffer lets it, so an epoch is not a full
   permutation of the split.
 - **Several input pipelines** (multi-worker mirrored: one per worker): a cached split is sharded
   by DATA (tf.data's auto-shard: every worker reads it, keeps its share). A streamed split is
@@ -43,6 +45,10 @@ MIB = 2**20
 INTERLEAVE_FILES = 4
 # A streamed split's shuffle buffer holds at most this fraction (1/N) of the budget's bytes.
 SHUFFLE_BUFFER_SHARE = 4
+# Threads reading a streamed split's files (its `INTERLEAVE_FILES` in turn). One: a thread per
+# file cost ~4 µs of CPU per 12 KiB example in hand-offs and read no faster from local disk, and
+# the training's steps use every core (docs/BENCHMARKS.md, "Streamed input").
+FILE_READERS = 1
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,45 @@ class TrainingInput:
         # shipped to it ("Unable to parse tensor proto").
         self._cached = load_split(ref, "train").cache() if self.plan.cached and not remote else None
 
+    @property
+    def epochs_run_on(self) -> bool:
+        """Whether `epochs` gives several epochs as one dataset (a cached split read here)."""
+        return self._cached is not None
+
+    def epochs(self, first: int, last: int | None = None) -> tf.data.Dataset:
+        """Epochs `first` to `last` (None: on and on), back to back, from one input pipeline.
+
+        The same batches as `self(first)`, `self(first + 1)`, ... (each epoch drawn from the same
+        seed), but one iterator runs on into the next epoch while this one ends. A cached epoch
+        begins by filling a shuffle buffer with the whole split: 24-48 ms at the first step of a
+        62-step mnist epoch (5-8 % of it), the training waiting; 0.5 ms here, filled meanwhile.
+
+        Raises:
+            ValueError: the split is not cached here (`epochs_run_on` is False): a streamed split's
+                epochs are read one dataset each.
+        """
+        import tensorflow as tf
+
+        if not self.epochs_run_on:
+            raise ValueError(f"only a cached split's epochs run on; this {self.plan.describe()}")
+        end = 2**31 - 1 if last is None else last + 1
+        return (
+            tf.data.Dataset.range(first, end)
+            .flat_map(self._cached_epoch)
+            .with_options(_shard_by_data())
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    def _cached_epoch(self, epoch: tf.Tensor) -> tf.data.Dataset:
+        """A cached epoch's batches: a full permutation of the split, drawn from `seed + epoch`."""
+        import tensorflow as tf
+
+        assert self._cached is not None
+        seed = tf.cast(epoch, tf.int64) + self.seed
+        return self._cached.shuffle(
+            self.plan.examples, seed=seed, reshuffle_each_iteration=False
+        ).batch(self.batch_size, drop_remainder=True)  # a partial batch crashes MKL
+
     def __call__(self, epoch: int) -> tf.data.Dataset:
         """Epoch `epoch`'s global batches, from one input pipeline."""
         import tensorflow as tf
@@ -202,7 +247,7 @@ class TrainingInput:
             examples = self._cached if self._cached is not None else load_split(self.ref, "train")
             if self.remote:
                 examples = examples.cache()
-            # A full permutation of the split.
+            # A full permutation of the split (the batches `epochs` gives for this epoch).
             examples = examples.shuffle(
                 self.plan.examples, seed=epoch_seed, reshuffle_each_iteration=False
             )
@@ -279,6 +324,7 @@ class TrainingInput:
             shuffle_reshuffle_each_iteration=False,
             interleave_cycle_length=max(1, min(INTERLEAVE_FILES, files)),
             interleave_block_length=1,
+            num_parallel_calls_for_interleave_files=FILE_READERS,
             input_context=context,
             # An ordered dataset (`disable_shuffling`) is fine to read out of order for training.
             enable_ordering_guard=False,

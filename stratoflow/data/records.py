@@ -9,7 +9,8 @@ reads the very records TFDS would, in the same order, and parses `READ_BATCH` of
 The order is TFDS's `as_dataset` order for the same `tfds.ReadConfig`: the split's file
 instructions (file, skip, take), sharded by `input_context`, shuffled with `shuffle_seed` when
 `shuffle_files`, interleaved `interleave_cycle_length` files at a time, `interleave_block_length`
-records from each in turn (files read in parallel, deterministically). The test
+records from each in turn (read in `num_parallel_calls_for_interleave_files` threads, or by one
+thread in turn when it is 1; deterministically either way). The test
 `tests/unit/stratoflow/data/test_records.py` holds it to TFDS's values and order.
 
 It reads TFRecord files of fixed-shape features (what stratoflow feeds a model: an image of a
@@ -96,6 +97,7 @@ def supervised_examples(
             reshuffle_each_iteration=read_config.shuffle_reshuffle_each_iteration,
         )
     buffer_size = read_config.override_buffer_size
+    readers = read_config.num_parallel_calls_for_interleave_files
 
     def records_of(path: tf.Tensor, skip: tf.Tensor, take: tf.Tensor) -> tf.data.Dataset:
         return tf.data.TFRecordDataset(path, buffer_size=buffer_size).skip(skip).take(take)
@@ -104,7 +106,8 @@ def supervised_examples(
         records_of,
         cycle_length=cycle_length,
         block_length=block_length,
-        num_parallel_calls=tf.data.AUTOTUNE,
+        # One reader reads the files in turn itself; more read in threads of their own.
+        num_parallel_calls=None if readers == 1 else readers,
         deterministic=True,
     )
     features = info.features

@@ -198,8 +198,9 @@ def train(
                 objective,
             )
             if isinstance(run_epoch, CustomLoopEpoch):
+                run_epoch.last_epoch = training.epochs  # no batches read for an epoch not run
                 run_epoch.record_steps = record_steps
-        evaluate = _make_evaluator(model, objective)
+        evaluate = make_evaluator(model, objective)
 
         result = TrainingResult(
             model_path=str(run_dir / "model.keras"),
@@ -371,11 +372,16 @@ class CustomLoopEpoch:
         epoch_batches: Callable[[int], tf.data.Dataset],
         steps: int,
         objective: Objective,
+        last_epoch: int | None = None,
     ):
         self.strategy = strategy
         self.epoch_batches = epoch_batches
         self.global_batch_size = global_batch_size
         self.steps = steps
+        self.last_epoch = last_epoch
+        # A cached split's epochs come from one iterator, kept between calls (`_iterator_for`).
+        self._kept_iterator: Any = None
+        self._kept_iterator_epoch = 0  # the epoch the kept iterator's next batches are
         # One replica on the CPU: the distributed-dataset wrapper only adds per-batch work (measured
         # at 5-10 % of the epoch here), so the loop reads the batches directly.
         self.distribute_input = strategy.num_replicas_in_sync > 1 or bool(
@@ -401,15 +407,31 @@ class CustomLoopEpoch:
         self.record_steps = 0
         self.step_losses: list[float] = []
 
-    def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
+    def _iterator_for(self, epoch: int) -> Any:
+        """An iterator whose next `steps` batches are epoch `epoch`'s.
+
+        A cached split's epochs run on in one iterator (`TrainingInput.epochs`), kept for the
+        next epoch: its shuffle buffer fills while this epoch ends. Any other input: an iterator
+        per epoch.
+        """
+        source = self.epoch_batches
+        if isinstance(source, TrainingInput) and source.epochs_run_on:
+            if self._kept_iterator is None or epoch != self._kept_iterator_epoch:
+                epochs = source.epochs(epoch, self.last_epoch)
+                if self.distribute_input:
+                    epochs = self.strategy.experimental_distribute_dataset(epochs)
+                self._kept_iterator = iter(epochs)
+            self._kept_iterator_epoch = epoch + 1
+            return self._kept_iterator
         if not self.distribute_input:
-            batches = self.epoch_batches(epoch)
-        elif isinstance(self.epoch_batches, TrainingInput):
+            return iter(source(epoch))
+        if isinstance(source, TrainingInput):
             # A streamed split is sharded by file across workers where it can be.
-            batches = self.epoch_batches.distribute(self.strategy, epoch)
-        else:
-            batches = self.strategy.experimental_distribute_dataset(self.epoch_batches(epoch))
-        iterator = iter(batches)
+            return iter(source.distribute(self.strategy, epoch))
+        return iter(self.strategy.experimental_distribute_dataset(source(epoch)))
+
+    def __call__(self, epoch: int, first_step_done: Callable[[], None]) -> tuple[float, float]:
+        iterator = self._iterator_for(epoch)
         # Sums stay tensors: reading a value each step would stall the host on every step.
         total_loss, total_correct = self.run_steps(
             iterator, tf.constant(1), tf.constant(0.0), tf.constant(0.0)
@@ -497,10 +519,13 @@ class _FitEpoch:
         return float(history.history["loss"][-1]), float(history.history[self.metric][-1])
 
 
-def _make_evaluator(
+def make_evaluator(
     model: Any, objective: Objective
 ) -> Callable[[tf.data.Dataset], tuple[float, float]]:
-    """Mean loss and epoch metric over a batched split: a plain forward pass, on every strategy."""
+    """Mean loss and epoch metric over a batched split: a plain forward pass, on every strategy.
+
+    Public for the benchmarks, which run it between epochs as the trainer does.
+    """
 
     @tf.function
     def batch_totals(features: Any, targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -96,6 +96,31 @@ def test_a_split_over_the_budget_is_streamed_and_one_within_it_is_cached(generat
     assert epoch == example_ids(cached(1)) != example_ids(cached(2))
 
 
+def test_a_cached_splits_epochs_run_on_in_one_dataset_with_the_same_batches(generated):
+    """What the custom loop iterates (`CustomLoopEpoch`): epoch after epoch in one iterator, so
+    the next epoch's shuffle buffer fills while this one ends; the batches are each epoch's own,
+    in order, and the dataset ends after the last epoch asked for (nothing read beyond it)."""
+    from stratoflow.data.input_pipeline import TrainingInput
+
+    cached = TrainingInput(generated, BATCH, seed=7, budget_bytes=2**20)
+    assert cached.epochs_run_on
+    # One copy of the split in memory for all the epochs, as for one.
+    assert cache_nodes(cached.epochs(1, 3)) == 1
+    steps = 400 // BATCH
+    run_on = example_ids(cached.epochs(2, 4))
+    assert len(run_on) == 3 * steps * BATCH
+    each = [example_ids(cached(epoch)) for epoch in (2, 3, 4)]
+    assert run_on == [i for epoch in each for i in epoch]
+    assert each[0] != each[1] != each[2]
+    # Open-ended (the benchmarks): the same epochs first.
+    assert example_ids(cached.epochs(2).take(steps)) == each[0]
+
+    streamed = TrainingInput(generated, BATCH, seed=7, budget_bytes=0)
+    assert not streamed.epochs_run_on
+    with pytest.raises(ValueError, match="only a cached split's epochs run on"):
+        streamed.epochs(1, 2)
+
+
 def test_workers_read_distinct_files_when_the_split_has_enough(generated):
     import tensorflow as tf
 

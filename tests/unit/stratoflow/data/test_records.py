@@ -49,10 +49,13 @@ def assert_same_pairs(batched_read: tuple[int, list], per_example_read: tuple[in
         np.testing.assert_array_equal(y, y_ref, err_msg=str(index))
 
 
-def streamed_read_config(seed: int, cycle_length: int, context=None):
-    """A streamed epoch's read config, as `TrainingInput` streams a split."""
+def streamed_read_config(seed: int, cycle_length: int, context=None, readers=None):
+    """A streamed epoch's read config, as `TrainingInput` streams a split (`readers`: threads
+    reading the files; None: as `TrainingInput` reads them)."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
+
+    from stratoflow.data.input_pipeline import FILE_READERS
 
     options = tf.data.Options()
     options.deterministic = True
@@ -62,6 +65,7 @@ def streamed_read_config(seed: int, cycle_length: int, context=None):
         shuffle_reshuffle_each_iteration=False,
         interleave_cycle_length=cycle_length,
         interleave_block_length=1,
+        num_parallel_calls_for_interleave_files=FILE_READERS if readers is None else readers,
         input_context=context,
         enable_ordering_guard=False,
         try_autocache=False,
@@ -95,13 +99,16 @@ def test_a_split_in_its_fixed_order_gives_the_same_pairs_as_tfds(tiny, role):
     )
 
 
+@pytest.mark.parametrize("readers", [None, -1], ids=["as-streamed", "parallel"])
 @pytest.mark.parametrize("seed", [7, 8])
 @pytest.mark.parametrize("cycle_length", [1, 3])
-def test_a_streamed_epoch_reads_the_same_pairs_in_the_same_order_as_tfds(tiny, seed, cycle_length):
+def test_a_streamed_epoch_reads_the_same_pairs_in_the_same_order_as_tfds(
+    tiny, seed, cycle_length, readers
+):
     from stratoflow.data.datasets import load_split
 
     def read(per_example: bool) -> list:
-        config = streamed_read_config(seed, cycle_length)
+        config = streamed_read_config(seed, cycle_length, readers=readers)
         return pairs(
             load_split(
                 tiny, "train", read_config=config, shuffle_files=True, per_example=per_example
