@@ -33,6 +33,9 @@ logger = logging.getLogger("benchmarks.ray")
 EPOCHS = 3  # the first epoch (tracing, cluster warm-up) is not counted in the throughput
 MWMS = {"strategy": "multi_worker_mirrored", "workers": 2}
 PS = {"strategy": "parameter_server", "workers": 2, "ps": 1}
+# Local-then-ray pairs per strategy in `make bench`; the ratio is their median. One 3-epoch pair
+# ranged 0.48-1.45 on this host (docs/BENCHMARKS.md, "The ray launcher's throughput").
+THROUGHPUT_PAIRS = 3
 # A recovery run's epochs: enough that the spares are warm (every actor's, importing beside the
 # training) before the first checkpoint's epoch is over, and training goes on after the kill.
 RECOVERY_EPOCHS = 6
@@ -110,10 +113,12 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
         ) -> dict[str, Any]:
             return _on_head(hosts, conf, during, spares=spares)
 
-        for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
-            for launcher in ("local", "ray"):
-                logger.info("%s, launcher %s", name, launcher)
-                figures[f"{name}/{launcher}"] = on_head({**conf, "launcher": launcher})
+        for number in range(1, THROUGHPUT_PAIRS + 1):
+            for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
+                for launcher in ("local", "ray"):
+                    logger.info("pair %d: %s, launcher %s", number, name, launcher)
+                    key = f"{name}/{launcher}" if number == 1 else f"{number}/{name}/{launcher}"
+                    figures[key] = on_head({**conf, "launcher": launcher})
 
         _recoveries(hosts, on_head, figures)
 
@@ -132,6 +137,17 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
             {**MWMS, "launcher": "ray", "max_restarts": 2}, kill_ray_head
         )
     return dict(figures)
+
+
+def throughput_ratios(figures: dict[str, Any], name: str) -> list[float]:
+    """Ray's examples/s over local's, pair by pair (`measure`'s keys), for strategy `name`."""
+    ratios = []
+    for number in range(1, THROUGHPUT_PAIRS + 1):
+        prefix = "" if number == 1 else f"{number}/"
+        local, on_ray = figures.get(f"{prefix}{name}/local"), figures.get(f"{prefix}{name}/ray")
+        if local and on_ray and "examples_per_second" in local and "examples_per_second" in on_ray:
+            ratios.append(on_ray["examples_per_second"] / local["examples_per_second"])
+    return ratios
 
 
 def _recoveries(
