@@ -11,8 +11,8 @@
 - **Streamed** otherwise: each epoch reads the split's files again, in an order drawn from
   `seed + epoch`, `INTERLEAVE_FILES` files at a time (`FILE_READERS` threads), one example from
   each in turn, through a shuffle buffer holding at most `1 / SHUFFLE_BUFFER_SHARE` of the
-  budget. Same seed, same batches; but an example can only move as far as the buffer lets it, so an epoch is not a full
-  permutation of the split.
+  budget. Same seed, same batches; but an example can only move as far as the buffer lets it,
+  so an epoch is not a full permutation of the split.
 - **Several input pipelines** (multi-worker mirrored: one per worker): a cached split is sharded
   by DATA (tf.data's auto-shard: every worker reads it, keeps its share). A streamed split is
   sharded by FILE when it has at least as many files as input pipelines (each worker reads only
