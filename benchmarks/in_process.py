@@ -16,8 +16,8 @@ tensors of the same shape, in turns of `STREAM_WINDOW` steps; and this process's
 The variants run in turns, one epoch each per round, so a burst of load from other jobs on the
 machine hits all of them alike; the first round (tracing) is not kept. After each epoch a
 validation pass runs off the clock, as the trainer validates between epochs. Ratios are medians
-of the per-round ratios. Wall time is the figure; CPU time (`time.process_time`, all threads) is also
-reported, as it is much less sensitive to other jobs on a shared machine.
+of the per-round ratios. Wall time is the figure; CPU time (`time.process_time`, all threads) is
+also reported, as it is much less sensitive to other jobs on a shared machine.
 """
 
 from __future__ import annotations
