@@ -117,8 +117,9 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
             for name, conf in (("multi_worker_mirrored", MWMS), ("parameter_server", PS)):
                 for launcher in ("local", "ray"):
                     logger.info("pair %d: %s, launcher %s", number, name, launcher)
-                    key = f"{name}/{launcher}" if number == 1 else f"{number}/{name}/{launcher}"
-                    figures[key] = on_head({**conf, "launcher": launcher})
+                    figures[_throughput_key(number, name, launcher)] = on_head(
+                        {**conf, "launcher": launcher}
+                    )
 
         _recoveries(hosts, on_head, figures)
 
@@ -139,12 +140,18 @@ def measure(partial: Path | None = None) -> dict[str, Any]:
     return dict(figures)
 
 
+def _throughput_key(number: int, name: str, launcher: str) -> str:
+    """Where `measure` keeps pair `number`'s run: the first pair's under its plain name, which
+    the Ray section's per-run lines read."""
+    return f"{name}/{launcher}" if number == 1 else f"{number}/{name}/{launcher}"
+
+
 def throughput_ratios(figures: dict[str, Any], name: str) -> list[float]:
     """Ray's examples/s over local's, pair by pair (`measure`'s keys), for strategy `name`."""
     ratios = []
     for number in range(1, THROUGHPUT_PAIRS + 1):
-        prefix = "" if number == 1 else f"{number}/"
-        local, on_ray = figures.get(f"{prefix}{name}/local"), figures.get(f"{prefix}{name}/ray")
+        local = figures.get(_throughput_key(number, name, "local"))
+        on_ray = figures.get(_throughput_key(number, name, "ray"))
         if local and on_ray and "examples_per_second" in local and "examples_per_second" in on_ray:
             ratios.append(on_ray["examples_per_second"] / local["examples_per_second"])
     return ratios
