@@ -241,6 +241,26 @@ def test_one_retrain_dag_per_pipeline_and_one_refresh_dag_per_dataset(
     assert listed == set(parsed["dags"])
 
 
+@pytest.mark.parametrize(
+    "dag_id, built",
+    [
+        ("retrain_digits", ["retrain_digits"]),
+        ("benchmark_strategies_mnist", ["benchmark_strategies_mnist"]),
+        # A refresh DAG names the pipelines reading its dataset: every spec is read for it.
+        ("refresh_stratoflow_digits", "all"),
+    ],
+)
+def test_a_parse_for_one_dag_builds_only_that_dag_the_same_as_a_full_parse(
+    session_home: Path, parsed: dict[str, Any], dag_id: str, built: list[str] | str
+) -> None:
+    # A task's process parses its DAG file with Airflow's parsing context naming its DAG, and so
+    # does `airflow dags test` (Airflow's context manager leaves it set for the whole command).
+    one = _parse(session_home, HEAVY_MODULES, _AIRFLOW_PARSING_CONTEXT_DAG_ID=dag_id)
+    assert one["import_errors"] == {}
+    assert sorted(one["dags"]) == (sorted(parsed["dags"]) if built == "all" else built)
+    assert one["dags"][dag_id] == parsed["dags"][dag_id]
+
+
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
     assert parsed["heavy_modules"] == []
     assert parsed["parse_s"] < PARSE_TIME_BOUND_S

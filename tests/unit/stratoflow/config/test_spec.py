@@ -58,6 +58,25 @@ def test_spec_values_are_read_from_the_file() -> None:
     assert digits.training.batch_size == 32
 
 
+def test_an_edited_pipeline_file_is_read_again_and_broken_yaml_is_named(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One DAG parse reads each file several times, parsed once per text: an edit is a new text.
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    spec_file = folder / "pipeline.yaml"
+    spec_file.write_text((SPECS_DIR / "mnist" / "pipeline.yaml").read_text())
+    monkeypatch.setenv("STRATOFLOW_PIPELINES_PATH", str(folder))
+    first = load_spec("mine")
+    assert first.training.epochs == 8
+    assert load_spec("mine") == first  # unchanged by whatever the first load did to its data
+    spec_file.write_text(spec_file.read_text().replace("epochs: 8", "epochs: 3", 1))
+    assert load_spec("mine").training.epochs == 3
+    spec_file.write_text("training: {epochs: 3\n")
+    with pytest.raises(SpecError, match=r"mine/pipeline\.yaml: not readable YAML: .*line 1"):
+        load_spec("mine")
+
+
 def test_unknown_pipeline_lists_the_available_ones() -> None:
     listed = r"unknown pipeline 'nope'; available: diabetes, digits, mnist, penguins"
     with pytest.raises(SpecError, match=listed):
