@@ -731,8 +731,18 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "- Airflow's own fixed costs: the CLI's start, DAG parsing and the DAG run's creation "
             "(2-3.5 s), the in-process execution API that `dags test` builds for the first task "
             "(FastAPI + Cadwyn schema generation, 4-6 s, partly counted in prepare_dataset's "
-            "duration) and the CLI's teardown. stratoflow cannot remove these; with the tasks "
-            "now much shorter they are the whole overhead ratio, which is why it stays above 10 %.",
+            "duration) and the CLI's teardown. With the tasks now much shorter they are the "
+            "whole overhead ratio.",
+            "- What of it was stratoflow's (2026-12-07, cProfile of a `dags test` of retrain_mnist "
+            "with every task marked success, 3.8-4.0 s): the DAG folder is parsed and its DAGs "
+            "serialised twice (the CLI's lookup, then `dag.test`'s re-sync), and each parse built "
+            "all 11 DAGs, twice (both DAG files call `build_dags`), reading every pipeline.yaml "
+            "48 times with PyYAML's pure-Python parser (0.4 s of a 0.7 s parse); serialising the "
+            "DAGs validates every Param's schema against JSON Schema's metaschema once per task "
+            "(0.27 s for the 11). Now the files are parsed by libyaml, once per text, and a parse "
+            "for one DAG (Airflow's parsing context, which `dags test` and a task's process set) "
+            "builds and serialises that DAG alone: 2.7-3.0 s for the same command, and 3.7-3.8 s "
+            "outside the tasks of a default mnist run (4.8-5.2 s before; three runs each).",
             "- The same on a quiet machine (second session of 2026-12-03, 4 `dags test` runs of "
             "default mnist, 24-27 s each): 3.3-3.5 s outside the tasks (0.13-0.14). Starting "
             "the `airflow` CLI alone takes 1.45 s; from the DAG run's start to the first task's "
