@@ -65,7 +65,7 @@ def publish(
         Why each pipeline that did not load has no DAG, naming its file and field
         (`raise_pipeline_errors` raises them from a file of its own).
     """
-    dags, errors = build_dags(pipelines, only=only, examples=examples)
+    dags, errors = build_dags(pipelines, only=only, examples=examples, one_dag_if_asked=True)
     for dag in dags:
         namespace[dag.dag_id] = dag
     return errors
@@ -90,9 +90,19 @@ def raise_pipeline_errors(
 
 
 def build_dags(
-    pipelines: Folders = (), *, only: Iterable[str] | None = None, examples: bool = False
+    pipelines: Folders = (),
+    *,
+    only: Iterable[str] | None = None,
+    examples: bool = False,
+    one_dag_if_asked: bool = False,
 ) -> tuple[list[DAG], list[str]]:
-    """The DAGs of the pipelines that load, and why each of the others did not (see `publish`)."""
+    """The DAGs of the pipelines that load, and why each of the others did not (see `publish`).
+
+    `one_dag_if_asked`: build only the DAG Airflow's parsing context names, when it names one of
+    these pipelines' (`_the_one_dag_needed`); the errors are then those of that pipeline (and of
+    discovery). `raise_pipeline_errors` leaves it off: its import error always lists every
+    pipeline that does not load, whichever parse records it.
+    """
     use_pipelines(_folders(pipelines), examples=examples)
     discovered = discover()  # once: each folder is looked at a single time per parse
     found, problems = sorted(discovered.folders), discovered.problems
@@ -114,7 +124,7 @@ def build_dags(
         for name in wanted
         if name in found
     }
-    only_dag = _the_one_dag_needed(builders)
+    only_dag = _the_one_dag_needed(builders) if one_dag_if_asked else None
     dags: list[DAG] = []
     datasets: set[str] = set()
     for name, pipeline_builders in builders.items():

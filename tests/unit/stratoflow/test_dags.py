@@ -261,6 +261,23 @@ def test_a_parse_for_one_dag_builds_only_that_dag_the_same_as_a_full_parse(
     assert one["dags"][dag_id] == parsed["dags"][dag_id]
 
 
+def test_a_parse_for_one_dag_still_reports_every_pipeline_that_does_not_load(
+    session_home: Path, tmp_path: Path
+) -> None:
+    # The import error a parse records replaces the last one: narrowing it to the one DAG's
+    # pipeline would clear a broken pipeline's error from the UI.
+    broken = _user_pipeline(tmp_path / "broken", "model build")  # not an import path
+    one = _parse(
+        session_home,
+        HEAVY_MODULES,
+        _AIRFLOW_PARSING_CONTEXT_DAG_ID="retrain_mnist",
+        STRATOFLOW_PIPELINES_PATH=str(tmp_path),
+    )
+    assert sorted(one["dags"]) == ["retrain_mnist"]
+    (error,) = one["import_errors"].values()
+    assert f"pipeline 'broken': {broken / 'pipeline.yaml'}: model.builder" in error
+
+
 def test_parsing_imports_nothing_heavy_and_is_quick(parsed: dict[str, Any]) -> None:
     assert parsed["heavy_modules"] == []
     assert parsed["parse_s"] < PARSE_TIME_BOUND_S
