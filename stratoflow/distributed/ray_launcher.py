@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -387,6 +387,9 @@ class _ActorRunning(Running):
         self.pending: Any = None
         self.asked_at = self.heard_at = time.monotonic()
         self.lost: str | None = None
+        # Whether its node stopped answering (not an actor Ray saw die on a node that lives on):
+        # a node new actors are not placed on.
+        self.unreachable = False
         # The spare asked of this member's actor since its process started; whether it is warm.
         self.spare_asked = self.spare_warm = False
         logger.info(
@@ -416,6 +419,7 @@ class _ActorRunning(Running):
                     f"{now - self.heard_at:.0f} s"
                 )
                 self.lost_nodes.add(self.node["node_id"])
+                self.unreachable = True
             return
         try:
             state = ray.get(self.pending, timeout=5)
@@ -426,6 +430,7 @@ class _ActorRunning(Running):
                 f"({type(error).__name__}: {first_line})"
             )
             self.lost_nodes.add(self.node["node_id"])
+            self.unreachable = node_stopped_answering(error)
             return
         finally:
             self.pending = None
@@ -530,6 +535,24 @@ def lost_with_their_nodes(running: Sequence[Running]) -> list[int]:
     ]
 
 
+def node_stopped_answering(error: Exception) -> bool:
+    """Whether an actor's `error` says its node stopped answering. Ray says an actor died
+    (`ActorDiedError`) once it knows, and then places nothing on a dead node; an actor whose
+    node died before Ray noticed is unavailable (or its call times out)."""
+    from ray.exceptions import ActorDiedError
+
+    return not isinstance(error, ActorDiedError)
+
+
+def unreachable_nodes(running: dict[str, Running]) -> set[str]:
+    """The Ray ids of the nodes a member's actor could not be reached on."""
+    return {
+        child.node["node_id"]
+        for child in running.values()
+        if isinstance(child, _ActorRunning) and child.unreachable
+    }
+
+
 def describe_node(node: dict[str, Any]) -> str:
     return f"{node['ip']} ({node['hostname']})"
 
@@ -542,7 +565,9 @@ class _Gang:
     reservation. When actors are lost with their node, the others stay (with their spares) and
     new actors take the lost ones' places, in a placement group of their own (`repair`): Ray
     marks a dead node dead only after some 15 s of missed heartbeats, and until then the first
-    group's bundles there are neither usable nor moved.
+    group's bundles there are neither usable nor moved. The new group's bundles avoid the nodes
+    that stopped answering: until Ray marks such a node dead it tries to reserve bundles there
+    too (1.4-2.1 s of a host loss's recovery went on that).
     """
 
     def __init__(self, size: int, placement: str):
@@ -552,6 +577,8 @@ class _Gang:
         # The indices of the actors lost (all, where it is not known which): the gang is not
         # used again as it is, and nothing waits on a lost actor to stop.
         self.lost: set[int] = set()
+        # The Ray ids of the nodes actors could not be reached on: no new actor is placed there.
+        self.lost_nodes: set[str] = set()
         try:
             group = self._reserve(size, PLACEMENT_TIMEOUT_SECONDS)
         except BaseException:
@@ -560,17 +587,25 @@ class _Gang:
         self.actors = [self._new_actor(group, index) for index in range(size)]
 
     def _reserve(self, bundles: int, timeout: float) -> Any:
-        """A placement group of `bundles` 1-CPU bundles, placed.
+        """A placement group of `bundles` 1-CPU bundles, placed, none of them on a node that
+        stopped answering (`lost_nodes`).
 
         Raises:
             RayClusterError: Ray could not place it within `timeout`.
         """
         import ray
         from ray.exceptions import GetTimeoutError
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
         strategy = PLACEMENT_STRATEGIES[self.placement]
-        group = placement_group([{"CPU": 1}] * bundles, strategy=strategy)
+        avoiding = (
+            [{NODE_ID_LABEL_KEY: f"!in({', '.join(sorted(self.lost_nodes))})"}] * bundles
+            if self.lost_nodes
+            else None
+        )
+        group = placement_group(
+            [{"CPU": 1}] * bundles, strategy=strategy, bundle_label_selector=avoiding
+        )
         self.groups.append(group)
         try:
             ray.get(group.ready(), timeout=timeout)
@@ -643,9 +678,11 @@ class _Gang:
                 "a member's node",
             ) from None
 
-    def lose(self, indices: Sequence[int]) -> None:
-        """Note the actors at `indices` as lost: the gang is not used again as it is."""
+    def lose(self, indices: Sequence[int], unreachable: Iterable[str] = ()) -> None:
+        """Note the actors at `indices` as lost, and the Ray ids of the nodes that became
+        `unreachable`: the gang is not used again as it is."""
         self.lost.update(indices)
+        self.lost_nodes.update(unreachable)
 
     def close(self) -> None:
         """Stop every member and spare, end the actors, free the reservations."""
@@ -759,7 +796,7 @@ class _RayCluster(Cluster):
         finally:
             for child in running.values():
                 child.kill()
-            gang.lose(lost_with_their_nodes(list(running.values())))
+            gang.lose(lost_with_their_nodes(list(running.values())), unreachable_nodes(running))
 
     def keep_spares(self, running: dict[str, Running]) -> None:
         """Every member keeps a spare of its own program in its actor: a rejoining worker

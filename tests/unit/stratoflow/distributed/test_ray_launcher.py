@@ -177,3 +177,14 @@ def test_members_on_the_node_of_a_lost_member_are_lost_with_it():
     assert ray_launcher.lost_with_their_nodes(members) == [1, 2]
     assert "lost with another member" in (members[2].on_lost_node() or "")
     assert members[0].on_lost_node() is None
+
+
+def test_only_an_actor_ray_could_not_reach_marks_its_node_as_not_answering():
+    """New actors avoid such a node; an actor Ray saw die (its process killed, say) leaves its
+    node usable."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
+
+    refused = ActorUnavailableError("failed to connect: Connection refused", b"1" * 16)
+    assert ray_launcher.node_stopped_answering(refused)
+    assert ray_launcher.node_stopped_answering(GetTimeoutError())
+    assert not ray_launcher.node_stopped_answering(ActorDiedError())
