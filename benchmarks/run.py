@@ -767,6 +767,13 @@ def _markdown(figures: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             "for one DAG (Airflow's parsing context, which `dags test` and a task's process set) "
             "builds and serialises that DAG alone: 2.7-3.0 s for the same command, and 3.7-3.8 s "
             "outside the tasks of a default mnist run (4.8-5.2 s before; three runs each).",
+            "- Airflow's own floor (2026-12-08): the same `dags test` of a DAG of as many tasks "
+            "that do nothing (`benchmarks/airflow_floor.py`, the figures in brackets above) "
+            "spends 3.0-3.2 s outside its tasks on this host: the CLI's start, the parses and the "
+            "DAG run's creation, and the part of the in-process execution API's build before the "
+            "first task's start. A stratoflow run spends about 0.5 s more (its DAG files and "
+            "Params, parsed and serialised twice); its row above is the rest over the wall time. "
+            "A default mnist run of 35 s is at 0.09 from the floor alone.",
             "- The same on a quiet machine (second session of 2026-12-03, 4 `dags test` runs of "
             "default mnist, 24-27 s each): 3.3-3.5 s outside the tasks (0.13-0.14). Starting "
             "the `airflow` CLI alone takes 1.45 s; from the DAG run's start to the first task's "
