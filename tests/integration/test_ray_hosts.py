@@ -6,8 +6,9 @@ the head host, which is a Ray node without CPUs: the members go to the worker ho
 parameter-server worker killed mid-run (training goes on, the worker rejoins from the spare its
 actor keeps), a multi-worker-mirrored worker killed (the cluster restarts in the same actors,
 from their spares), a worker host killed mid-run (the cluster restarts from its checkpoint on
-the host left, the other host's actor and spare kept), and a host cut off (the task fails
-within a bound, naming the unreachable member). Nothing may be left running.
+the host left, the other host's actor and spare kept), a host cut off (the task fails
+within a bound, naming the unreachable member), and new actors for a lost host's members
+placed off it. Nothing may be left running.
 """
 
 from __future__ import annotations
