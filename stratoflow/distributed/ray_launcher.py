@@ -578,7 +578,7 @@ class _Gang:
         # used again as it is, and nothing waits on a lost actor to stop.
         self.lost: set[int] = set()
         # The Ray ids of the nodes actors could not be reached on: no new actor is placed there.
-        self.lost_nodes: set[str] = set()
+        self.silent_nodes: set[str] = set()
         try:
             group = self._reserve(size, PLACEMENT_TIMEOUT_SECONDS)
         except BaseException:
@@ -588,7 +588,7 @@ class _Gang:
 
     def _reserve(self, bundles: int, timeout: float) -> Any:
         """A placement group of `bundles` 1-CPU bundles, placed, none of them on a node that
-        stopped answering (`lost_nodes`).
+        stopped answering (`silent_nodes`).
 
         Raises:
             RayClusterError: Ray could not place it within `timeout`.
@@ -599,8 +599,8 @@ class _Gang:
 
         strategy = PLACEMENT_STRATEGIES[self.placement]
         avoiding = (
-            [{NODE_ID_LABEL_KEY: f"!in({', '.join(sorted(self.lost_nodes))})"}] * bundles
-            if self.lost_nodes
+            [{NODE_ID_LABEL_KEY: f"!in({', '.join(sorted(self.silent_nodes))})"}] * bundles
+            if self.silent_nodes
             else None
         )
         group = placement_group(
@@ -682,7 +682,7 @@ class _Gang:
         """Note the actors at `indices` as lost, and the Ray ids of the nodes that became
         `unreachable`: the gang is not used again as it is."""
         self.lost.update(indices)
-        self.lost_nodes.update(unreachable)
+        self.silent_nodes.update(unreachable)
 
     def close(self) -> None:
         """Stop every member and spare, end the actors, free the reservations."""
