@@ -59,12 +59,17 @@ def measure(home: Path, env: Mapping[str, str], tasks: int) -> dict[str, Any]:
             capture_output=True,
         )
         wall = time.perf_counter() - started
+    return {"wall_seconds": wall, "task_seconds": task_durations(home, DAG_ID)}
+
+
+def task_durations(home: Path, dag_id: str) -> dict[str, float]:
+    """Each task's duration in the newest run of DAG `dag_id`, as Airflow recorded it in the
+    SQLite metadata DB of Airflow home `home`."""
     with sqlite3.connect(home / "airflow.db") as db:
-        durations = dict(
+        return dict(
             db.execute(
                 "SELECT task_id, duration FROM task_instance WHERE dag_id = ? AND run_id = "
                 "(SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1)",
-                (DAG_ID, DAG_ID),
+                (dag_id, dag_id),
             ).fetchall()
         )
-    return {"wall_seconds": wall, "task_seconds": durations}

@@ -13,7 +13,6 @@ import logging
 import os
 import platform
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -353,14 +352,7 @@ def _orchestration() -> dict[str, Any]:
     sys.stdout.write(runner.format_summary("mnist", run_id, summary))
     wall = time.perf_counter() - started
     metrics = mlflow_runs.client().get_run(summary["mlflow_run_id"]).data.metrics
-    with sqlite3.connect(home / "airflow.db") as db:
-        tasks = dict(
-            db.execute(
-                "SELECT task_id, duration FROM task_instance WHERE dag_id = 'retrain_mnist' "
-                "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = 'retrain_mnist' "
-                "ORDER BY id DESC LIMIT 1)"
-            ).fetchall()
-        )
+    tasks = airflow_floor.task_durations(home, names.retrain_dag_id("mnist"))
     floors = [airflow_floor.measure(home, env, len(tasks)) for _ in range(FLOOR_RUNS)]
     return {
         "wall_seconds": dags_test_wall,
